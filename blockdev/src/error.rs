@@ -1,0 +1,70 @@
+use std::fmt;
+
+/// The kind of I/O an error or completion belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    Write,
+    Read,
+    Flush,
+    Open,
+    Allocate,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Flush => "flush",
+            Op::Open => "open",
+            Op::Allocate => "buffer allocation",
+        })
+    }
+}
+
+/// Every way a device operation fails; each names the operation and the block address.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum DeviceError {
+    #[error("{op} of {len} bytes at block {lba} refused: {why}")]
+    BadRequest {
+        op: Op,
+        lba: u64,
+        len: usize,
+        why: &'static str,
+    },
+    #[error("{op} at block {lba} (+{blocks} blocks) is past the end of the device ({capacity_blocks} blocks)")]
+    OutOfRange {
+        op: Op,
+        lba: u64,
+        blocks: u64,
+        capacity_blocks: u64,
+    },
+    #[error("{op} at block {lba} refused: the device queue is full ({depth} in flight)")]
+    QueueFull { op: Op, lba: u64, depth: usize },
+    #[error("{op} at block {lba} failed: {detail}")]
+    Io { op: Op, lba: u64, detail: String },
+    #[error("{op} of {path} failed: {detail}")]
+    Open {
+        op: Op,
+        path: String,
+        detail: String,
+    },
+    #[error("the device is stopped after an earlier failure; {op} at block {lba} refused")]
+    Stopped { op: Op, lba: u64 },
+    #[error("timed out after {millis} ms waiting for {op} completions")]
+    Timeout { op: Op, millis: u64 },
+}
+
+impl DeviceError {
+    pub fn op(&self) -> Op {
+        match self {
+            DeviceError::BadRequest { op, .. }
+            | DeviceError::OutOfRange { op, .. }
+            | DeviceError::QueueFull { op, .. }
+            | DeviceError::Io { op, .. }
+            | DeviceError::Open { op, .. }
+            | DeviceError::Stopped { op, .. }
+            | DeviceError::Timeout { op, .. } => *op,
+        }
+    }
+}

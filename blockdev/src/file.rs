@@ -1,0 +1,1 @@
+//! File backend: placeholder, being written.

@@ -1,0 +1,160 @@
+//! The block device contract of nvmq (storage.md §3) and its backends.
+//!
+//! The contract is shaped after a polled NVMe queue pair, because the userspace NVMe driver must fit
+//! behind it without a copy or a thread hop: the caller submits writes, reads and flushes tagged with
+//! its own identifiers, each I/O owns its buffer while it runs, and completions are *polled* and may
+//! arrive in any order. Backends that are not polled by nature (the file backend's I/O threads) adapt
+//! to this shape, never the other way round.
+//!
+//! Buffers come from the device ([`BlockDevice::alloc_buffer`]) so that a DMA backend can hand out
+//! memory that is already mapped for the device; the writer allocates its buffers once at start and
+//! recycles them, so steady-state I/O allocates nothing.
+
+mod buffer;
+mod error;
+pub mod file;
+pub mod sim;
+mod sync;
+
+pub use buffer::IoBuffer;
+pub use error::{DeviceError, Op};
+pub use sync::{flush_sync, read_sync, write_sync, SyncIo};
+
+use std::time::Duration;
+
+/// What a device reports about itself. Every size is in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Smallest addressable unit: every I/O starts and ends on a multiple of it.
+    pub logical_block_size: u32,
+    /// The unit the medium writes internally; a smaller write may be a read-modify-write.
+    pub physical_block_size: u32,
+    /// Usable size in bytes (a multiple of the logical block size).
+    pub capacity: u64,
+    /// Largest single transfer the device takes; larger I/Os must be split by the caller.
+    pub max_transfer: u32,
+    /// Largest write the device promises to apply whole across a power loss (NVMe AWUPF/NAWUPF).
+    /// Zero when unknown. A hint, never part of the write unit.
+    pub atomic_write_unit: u32,
+    /// Preferred write granularity for large writes (NVMe NPWG); zero when unknown.
+    pub preferred_write: u32,
+    /// True when completed writes may sit in a cache that a power loss clears. Only a device that
+    /// *reports* no such cache (NVMe VWC bit clear) may say false; the file backend always says true.
+    pub volatile_write_cache: bool,
+    /// The file system's block size for the file backend, else zero. Part of the write unit.
+    pub fs_block_size: u32,
+    /// Which device this is, for logs and for telling devices apart (NVMe serial + namespace, or
+    /// path + st_dev + st_ino).
+    pub identity: String,
+    /// Model and firmware when the device has them (NVMe); empty otherwise.
+    pub model: String,
+}
+
+impl DeviceInfo {
+    /// The write unit U of storage.md: the largest of the logical, physical and file system block
+    /// sizes. Batches start at multiples of U, so no write ever shares a physical block with another.
+    pub fn write_unit(&self) -> u32 {
+        self.logical_block_size
+            .max(self.physical_block_size)
+            .max(self.fs_block_size)
+    }
+}
+
+/// The caller's name for one submitted I/O; it comes back in the completion.
+pub type Tag = u64;
+
+/// One finished I/O. The buffer of a read or write comes back to the caller here.
+#[derive(Debug)]
+pub struct Completion {
+    pub tag: Tag,
+    pub op: Op,
+    /// First block of the I/O (zero for a flush).
+    pub lba: u64,
+    pub buffer: Option<IoBuffer>,
+    pub result: Result<(), DeviceError>,
+}
+
+/// The block device contract (storage.md §3).
+///
+/// Addresses are in logical blocks. A write or read covers `buffer.len()` bytes, which must be a
+/// non-zero multiple of the logical block size and at most `max_transfer`. Nothing is retried or hidden:
+/// an error comes back in the completion with the operation and block address.
+pub trait BlockDevice: Send {
+    fn info(&self) -> &DeviceInfo;
+
+    /// A buffer the device can transfer from and to, aligned for it, with `len` bytes zeroed.
+    fn alloc_buffer(&mut self, len: usize) -> Result<IoBuffer, DeviceError>;
+
+    /// How many I/Os may be outstanding at once; a submit beyond it fails with `QueueFull`.
+    fn queue_depth(&self) -> usize;
+
+    fn submit_write(&mut self, tag: Tag, lba: u64, buffer: IoBuffer) -> Result<(), DeviceError>;
+    fn submit_read(&mut self, tag: Tag, lba: u64, buffer: IoBuffer) -> Result<(), DeviceError>;
+    /// Asks that every write that *completed before this call* be made durable.
+    fn submit_flush(&mut self, tag: Tag) -> Result<(), DeviceError>;
+
+    /// Moves finished I/Os into `out` without blocking; returns how many were added.
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError>;
+
+    /// Like `poll`, but waits up to `timeout` for at least one completion. A polled backend spins;
+    /// a threaded one sleeps on its completion queue.
+    fn wait(&mut self, out: &mut Vec<Completion>, timeout: Duration) -> Result<usize, DeviceError>;
+
+    /// I/Os submitted and not yet returned by `poll`/`wait`.
+    fn in_flight(&self) -> usize;
+}
+
+impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
+    fn info(&self) -> &DeviceInfo {
+        (**self).info()
+    }
+    fn alloc_buffer(&mut self, len: usize) -> Result<IoBuffer, DeviceError> {
+        (**self).alloc_buffer(len)
+    }
+    fn queue_depth(&self) -> usize {
+        (**self).queue_depth()
+    }
+    fn submit_write(&mut self, tag: Tag, lba: u64, buffer: IoBuffer) -> Result<(), DeviceError> {
+        (**self).submit_write(tag, lba, buffer)
+    }
+    fn submit_read(&mut self, tag: Tag, lba: u64, buffer: IoBuffer) -> Result<(), DeviceError> {
+        (**self).submit_read(tag, lba, buffer)
+    }
+    fn submit_flush(&mut self, tag: Tag) -> Result<(), DeviceError> {
+        (**self).submit_flush(tag)
+    }
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError> {
+        (**self).poll(out)
+    }
+    fn wait(&mut self, out: &mut Vec<Completion>, timeout: Duration) -> Result<usize, DeviceError> {
+        (**self).wait(out, timeout)
+    }
+    fn in_flight(&self) -> usize {
+        (**self).in_flight()
+    }
+}
+
+/// Checks the shape of an I/O against the device's geometry; every backend calls it on submit so
+/// the same request is refused the same way everywhere.
+pub fn check_io(info: &DeviceInfo, op: Op, lba: u64, len: usize) -> Result<(), DeviceError> {
+    let bs = u64::from(info.logical_block_size);
+    let bad = |why: &'static str| DeviceError::BadRequest { op, lba, len, why };
+    if len == 0 || len as u64 % bs != 0 {
+        return Err(bad("length is not a non-zero multiple of the logical block size"));
+    }
+    if len > info.max_transfer as usize {
+        return Err(bad("length exceeds the maximum transfer"));
+    }
+    let end = lba
+        .checked_add(len as u64 / bs)
+        .ok_or_else(|| bad("address overflows"))?;
+    if end > info.capacity / bs {
+        return Err(DeviceError::OutOfRange {
+            op,
+            lba,
+            blocks: len as u64 / bs,
+            capacity_blocks: info.capacity / bs,
+        });
+    }
+    Ok(())
+}

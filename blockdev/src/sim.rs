@@ -1,0 +1,1 @@
+//! Sim backend: placeholder, being written.
