@@ -1,1 +1,285 @@
-//! placeholder
+//! nvmq's log: the on-disk format, the group-commit writer, readers and indexes.
+//!
+//! One log serves every partition of a device, so one flush covers them all. Opening a device
+//! after a crash is the `recovery` crate's job; it hands the writer a [`Resume`].
+
+pub mod batch;
+pub mod config;
+mod error;
+pub mod format;
+pub mod layout;
+pub mod mkfs;
+mod reader;
+pub mod shared;
+pub mod state;
+pub mod writer;
+
+pub use config::{FlushMode, FormatOptions, LogConfig, OnFull};
+pub use error::LogError;
+pub use reader::{read_with, Record};
+pub use shared::{PartitionView, Shared, WriterStats};
+pub use writer::{AckFn, Appended, Now, Request, Resume, RetainedBatch, Writer};
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use blockdev::BlockDevice;
+use crossbeam::channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
+
+use layout::Geometry;
+
+/// How long the writer thread waits on the device before looking at the request queue again.
+/// Appends that arrive while a flush runs are picked up within this slice.
+const DEVICE_WAIT_SLICE: Duration = Duration::from_micros(100);
+
+/// A running log: the writer on its own thread, and the handle producers and readers share.
+pub struct Log {
+    tx: Option<Sender<Request>>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    geo: Geometry,
+    max_payload: usize,
+}
+
+impl Log {
+    /// Starts the writer on its own thread. The thread owns the device (SPDK-style): producers
+    /// hand it appends over a bounded channel, so a full queue makes them wait.
+    pub fn start<D: BlockDevice + 'static>(writer: Writer<D>, queue_capacity: usize) -> Log {
+        let (tx, rx) = bounded(queue_capacity.max(1));
+        let shared = writer.shared();
+        let geo = writer.geometry();
+        let max_payload = writer.max_payload();
+        let thread = std::thread::Builder::new()
+            .name("nvmq-writer".into())
+            .spawn(move || run(writer, rx, queue_capacity));
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                shared.lock().fatal = Some(format!("could not start the writer thread: {e}"));
+                None
+            }
+        };
+        Log {
+            tx: Some(tx),
+            shared,
+            thread,
+            geo,
+            max_payload,
+        }
+    }
+
+    fn send(&self, req: Request) -> Result<(), LogError> {
+        let stopped = || match &self.shared.lock().fatal {
+            Some(f) => LogError::WriterStopped(f.clone()),
+            None => LogError::Shutdown,
+        };
+        match &self.tx {
+            Some(tx) => tx.send(req).map_err(|_| stopped()),
+            None => Err(stopped()),
+        }
+    }
+
+    /// Queues an append; `ack` is called once it is durable (or failed). Blocks while the queue
+    /// is full.
+    pub fn append(&self, partition: u32, payload: Vec<u8>, ack: AckFn) -> Result<(), LogError> {
+        if payload.len() > self.max_payload {
+            return Err(LogError::RecordTooLarge {
+                len: payload.len(),
+                max: self.max_payload,
+            });
+        }
+        self.send(Request::Append {
+            partition,
+            payload,
+            ack,
+        })
+    }
+
+    /// Appends and waits for the ack.
+    pub fn append_wait(&self, partition: u32, payload: Vec<u8>) -> Result<Appended, LogError> {
+        let (tx, rx) = bounded(1);
+        self.append(
+            partition,
+            payload,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )?;
+        rx.recv().map_err(|_| LogError::Shutdown)?
+    }
+
+    /// Creates a partition (durably) and returns its id.
+    pub fn create_partition(&self, topic: &str, index: u32) -> Result<u32, LogError> {
+        let (tx, rx) = bounded(1);
+        self.send(Request::CreatePartition {
+            topic: topic.to_string(),
+            index,
+            ack: Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        })?;
+        Ok(rx.recv().map_err(|_| LogError::Shutdown)??.partition)
+    }
+
+    /// The id of a durable partition.
+    pub fn partition_id(&self, topic: &str, index: u32) -> Option<u32> {
+        let s = self.shared.lock();
+        s.partitions
+            .iter()
+            .find(|(_, v)| v.topic == topic && v.index == index)
+            .map(|(id, _)| *id)
+    }
+
+    /// A durable partition as readers see it (without its index).
+    pub fn partition(&self, id: u32) -> Option<PartitionView> {
+        self.shared.lock().partitions.get(&id).map(|v| PartitionView {
+            entries: Default::default(),
+            ..v.clone()
+        })
+    }
+
+    /// Every durable partition: (id, topic, index, start offset, durable end).
+    pub fn partitions(&self) -> Vec<(u32, String, u32, u64, u64)> {
+        let s = self.shared.lock();
+        let mut v: Vec<_> = s
+            .partitions
+            .iter()
+            .map(|(id, p)| (*id, p.topic.clone(), p.index, p.start_offset, p.durable_end))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Reads records of `partition` from `offset`, up to about `max_bytes` of payload (at least
+    /// one record when one is there). Only durable records are served, each verified.
+    pub fn read(
+        &self,
+        partition: u32,
+        offset: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, LogError> {
+        reader::read(self, partition, offset, max_bytes)
+    }
+
+    /// Waits until `partition` has durable records at or past `offset`, up to `timeout`
+    /// (long polling). Returns the durable end then.
+    pub fn wait_for(&self, partition: u32, offset: u64, timeout: Duration) -> u64 {
+        let s = self.shared.wait_until(timeout, |s| {
+            s.partitions.get(&partition).is_some_and(|p| p.durable_end > offset)
+        });
+        s.partitions.get(&partition).map_or(0, |p| p.durable_end)
+    }
+
+    fn read_raw(&self, position: u64, len: u64) -> Result<Vec<u8>, LogError> {
+        let (tx, rx) = bounded(1);
+        self.send(Request::Read {
+            position,
+            len,
+            reply: Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        })?;
+        rx.recv().map_err(|_| LogError::Shutdown)?
+    }
+
+    pub fn stats(&self) -> WriterStats {
+        self.shared.lock().stats
+    }
+
+    /// D: every byte of log below it is durable.
+    pub fn durable(&self) -> u64 {
+        self.shared.lock().durable
+    }
+
+    /// Why the writer stopped, if it did.
+    pub fn fatal(&self) -> Option<String> {
+        self.shared.lock().fatal.clone()
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+
+    /// Stops taking requests, lets the writer finish what it holds, and waits for it.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The writer thread: take requests, step, wait on the device or the queue.
+fn run<D: BlockDevice>(mut w: Writer<D>, rx: Receiver<Request>, queue_capacity: usize) {
+    let start = Instant::now();
+    let now = || Now {
+        mono_ns: start.elapsed().as_nanos() as u64,
+        wall_ms: mkfs::now_ms(),
+    };
+    let mut closing = false;
+    loop {
+        let mut got = false;
+        while !closing && w.pending_len() < queue_capacity {
+            match rx.try_recv() {
+                Ok(r) => {
+                    w.submit(r);
+                    got = true;
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => closing = true,
+            }
+        }
+        let moved = w.step(now());
+        if w.fatal().is_some() {
+            // Everything still queued gets the error too; then the writer is gone.
+            drop_queue(&mut w, &rx);
+            break;
+        }
+        if closing && w.is_idle() {
+            break;
+        }
+        if moved || got {
+            continue;
+        }
+        if w.has_io_in_flight() {
+            w.wait_device(DEVICE_WAIT_SLICE);
+        } else if closing {
+            continue;
+        } else {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(r) => w.submit(r),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => closing = true,
+            }
+        }
+    }
+    w.shared().lock().stopped = true;
+    w.shared().notify();
+}
+
+fn drop_queue<D: BlockDevice>(w: &mut Writer<D>, rx: &Receiver<Request>) {
+    while let Ok(r) = rx.try_recv() {
+        w.submit(r);
+    }
+    w.shared().lock().stopped = true;
+    w.shared().notify();
+}

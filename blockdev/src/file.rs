@@ -1,1 +1,0 @@
-//! File backend: placeholder, being written.

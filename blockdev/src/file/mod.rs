@@ -1,0 +1,279 @@
+//! The file backend: a regular file or a block device, driven through `pwrite`/`pread` on a small
+//! pool of I/O threads, with flush = `fdatasync` (`F_FULLFSYNC` on macOS) (storage.md §3).
+//!
+//! The contract is shaped after a polled NVMe queue, and this backend adapts to it rather than the
+//! other way round: a submit hands the request to a thread over a channel and returns at once; the
+//! thread does the blocking system call and queues the completion; `poll`/`wait` collect them. More
+//! than one thread exists so that the next group commit's write can run while the previous batch's
+//! `fdatasync` is still in the kernel, which is where group commit gets its throughput.
+//!
+//! Files are opened with `O_DIRECT` by default, so that a completed write is in the device (or its
+//! cache) rather than in the page cache, and so that reads during recovery see the medium, not a
+//! cached copy of a write that never reached it. Flushes are always issued: even on a drive with
+//! power-loss protection the file system's metadata (extent state, size) needs them.
+
+mod create;
+mod open;
+mod threads;
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::{check_io, BlockDevice, Completion, DeviceError, DeviceInfo, IoBuffer, Op, Tag};
+
+use threads::{Pool, Request, Submit};
+
+/// How a [`FileDevice`] is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileOptions {
+    /// Number of I/O threads. More than one, so that a write overlaps a running `fdatasync`; a few
+    /// more let reads and several batch writes run side by side. Must be at least 1.
+    pub io_threads: usize,
+    /// How many I/Os may be outstanding at once (submitted and not yet returned by `poll`/`wait`).
+    /// Must be at least 1.
+    pub queue_depth: usize,
+    /// Open with `O_DIRECT` (`F_NOCACHE` on macOS). Turn it off only for file systems that refuse
+    /// direct I/O (tmpfs on older kernels); writes then go through the page cache, and flushes
+    /// (`fdatasync`) are what make them durable, as always. See [`FileDevice::is_direct`].
+    pub direct: bool,
+}
+
+impl Default for FileOptions {
+    fn default() -> Self {
+        FileOptions {
+            io_threads: 4,
+            queue_depth: 256,
+            direct: true,
+        }
+    }
+}
+
+/// A [`BlockDevice`] over a regular file or a block device node.
+///
+/// Dropping it stops and joins its I/O threads: requests still queued are carried out first and
+/// their completions discarded (their buffers freed), so a drop never panics and never leaves a
+/// thread writing to a file that the caller believes closed.
+pub struct FileDevice {
+    info: DeviceInfo,
+    direct: bool,
+    /// Alignment of the buffers `alloc_buffer` hands out.
+    buffer_align: usize,
+    /// Memory alignment that direct I/O requires of a buffer (1 without direct I/O).
+    mem_align: usize,
+    queue_depth: usize,
+    in_flight: usize,
+    pool: Pool,
+}
+
+impl FileDevice {
+    /// Opens an existing regular file or block device; never creates one.
+    ///
+    /// Refused, with [`DeviceError::Open`] naming the path and the reason: a missing path, anything
+    /// but a regular file or block device, an empty file, a size that is not a multiple of the
+    /// logical block size, a file system that refuses `O_DIRECT` (the message suggests
+    /// `direct: false`), and any error of `open(2)` itself such as a permission error. A block
+    /// device is opened with `O_EXCL`, so that one that is mounted or in use is refused (`EBUSY`).
+    pub fn open(path: &Path, opts: FileOptions) -> Result<FileDevice, DeviceError> {
+        let open_err = |detail: String| DeviceError::Open {
+            op: Op::Open,
+            path: path.display().to_string(),
+            detail,
+        };
+        if opts.io_threads == 0 {
+            return Err(open_err(
+                "FileOptions::io_threads must be at least 1".into(),
+            ));
+        }
+        if opts.queue_depth == 0 {
+            return Err(open_err(
+                "FileOptions::queue_depth must be at least 1".into(),
+            ));
+        }
+        let opened = open::open_device(path, opts.direct)?;
+        let logical = u64::from(opened.info.logical_block_size);
+        let pool = Pool::start(opened.file, logical, opts.io_threads, opts.queue_depth)
+            .map_err(|e| open_err(format!("cannot start the I/O threads: {e}")))?;
+        let buffer_align = (opened.info.logical_block_size as usize)
+            .max(4096)
+            .max(opened.mem_align);
+        Ok(FileDevice {
+            info: opened.info,
+            direct: opts.direct,
+            buffer_align,
+            mem_align: opened.mem_align,
+            queue_depth: opts.queue_depth,
+            in_flight: 0,
+            pool,
+        })
+    }
+
+    /// Creates a new device file of `size` bytes at `path` (storage.md §3, "Creating a file
+    /// device") and returns it opened.
+    ///
+    /// Refuses if `path` exists. Writes a temporary file next to it, `.<name>.creating`, at its
+    /// full size with real zeros (so the first lap over the log does not pay for extent conversion
+    /// on every flush), opens it, lets `init` write the superblocks (with its own flushes), drains
+    /// whatever `init` left in flight, fsyncs the file, renames it into place without replacing
+    /// anything, and fsyncs the directory. On any error the temporary file is removed and the error
+    /// returned; no file appears at `path`. `size` must be a positive multiple of 4096.
+    ///
+    /// The temporary file is held under an exclusive `flock` while it is built, so a second
+    /// concurrent create of the same path fails instead of interleaving, and a temporary file left
+    /// by a create that crashed (no lock held) is simply reused.
+    pub fn create<F>(
+        path: &Path,
+        size: u64,
+        opts: FileOptions,
+        init: F,
+    ) -> Result<FileDevice, DeviceError>
+    where
+        F: FnOnce(&mut FileDevice) -> Result<(), DeviceError>,
+    {
+        create::create(path, size, opts, init)
+    }
+
+    /// True when the device was opened for direct I/O (`O_DIRECT`), false when writes go through
+    /// the page cache (`FileOptions::direct == false`). Either way flushes are `fdatasync`.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    fn admit(&self, op: Op, lba: u64) -> Result<(), DeviceError> {
+        if self.pool.stopped() {
+            return Err(DeviceError::Stopped { op, lba });
+        }
+        if self.in_flight >= self.queue_depth {
+            return Err(DeviceError::QueueFull {
+                op,
+                lba,
+                depth: self.in_flight,
+            });
+        }
+        Ok(())
+    }
+
+    fn submit_io(
+        &mut self,
+        op: Op,
+        tag: Tag,
+        lba: u64,
+        buffer: IoBuffer,
+    ) -> Result<(), DeviceError> {
+        check_io(&self.info, op, lba, buffer.len())?;
+        if !(buffer.as_ptr() as usize).is_multiple_of(self.mem_align) {
+            return Err(DeviceError::BadRequest {
+                op,
+                lba,
+                len: buffer.len(),
+                why: "the buffer is not aligned for direct I/O; allocate it with alloc_buffer",
+            });
+        }
+        self.admit(op, lba)?;
+        self.send(Request {
+            tag,
+            op,
+            lba,
+            buffer: Some(buffer),
+        })
+    }
+
+    fn send(&mut self, req: Request) -> Result<(), DeviceError> {
+        let (op, lba) = (req.op, req.lba);
+        match self.pool.submit(req) {
+            Submit::Queued => {
+                self.in_flight += 1;
+                Ok(())
+            }
+            // Cannot happen while in_flight <= queue_depth bounds the channel, but is not a panic.
+            Submit::Full => Err(DeviceError::QueueFull {
+                op,
+                lba,
+                depth: self.in_flight,
+            }),
+            Submit::Gone => Err(DeviceError::Stopped { op, lba }),
+        }
+    }
+
+    fn delivered(&mut self, c: Completion, out: &mut Vec<Completion>) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        out.push(c);
+    }
+}
+
+impl BlockDevice for FileDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// A zeroed heap buffer aligned to the larger of the logical block size and 4096 (and of the
+    /// kernel's direct I/O memory alignment), which satisfies `O_DIRECT` everywhere we run.
+    fn alloc_buffer(&mut self, len: usize) -> Result<IoBuffer, DeviceError> {
+        IoBuffer::new_heap(len, self.buffer_align)
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.queue_depth
+    }
+
+    fn submit_write(&mut self, tag: Tag, lba: u64, buffer: IoBuffer) -> Result<(), DeviceError> {
+        self.submit_io(Op::Write, tag, lba, buffer)
+    }
+
+    fn submit_read(&mut self, tag: Tag, lba: u64, buffer: IoBuffer) -> Result<(), DeviceError> {
+        self.submit_io(Op::Read, tag, lba, buffer)
+    }
+
+    /// Queues an `fdatasync`. It covers every write whose completion was delivered before this
+    /// call, because a thread queues a write's completion only after its `pwrite` returned.
+    /// After a flush has failed the device refuses everything with [`DeviceError::Stopped`]: the
+    /// kernel reports a writeback error once, so a later flush could succeed and lie.
+    fn submit_flush(&mut self, tag: Tag) -> Result<(), DeviceError> {
+        self.admit(Op::Flush, 0)?;
+        self.send(Request {
+            tag,
+            op: Op::Flush,
+            lba: 0,
+            buffer: None,
+        })
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError> {
+        let mut n = 0;
+        while let Some(c) = self.pool.try_recv() {
+            self.delivered(c, out);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Sleeps on the completion channel for up to `timeout` for the first completion, then takes
+    /// whatever else is ready. Returns `Ok(0)` when the time ran out.
+    fn wait(&mut self, out: &mut Vec<Completion>, timeout: Duration) -> Result<usize, DeviceError> {
+        match self.pool.recv_timeout(timeout) {
+            Ok(Some(c)) => self.delivered(c, out),
+            Ok(None) => return Ok(0),
+            Err(()) => {
+                return Err(DeviceError::Stopped {
+                    op: Op::Flush,
+                    lba: 0,
+                })
+            }
+        }
+        Ok(1 + self.poll(out)?)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+}
+
+impl std::fmt::Debug for FileDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileDevice")
+            .field("info", &self.info)
+            .field("direct", &self.direct)
+            .field("queue_depth", &self.queue_depth)
+            .field("in_flight", &self.in_flight)
+            .finish()
+    }
+}

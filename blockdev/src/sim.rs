@@ -1,1 +1,0 @@
-//! Sim backend: placeholder, being written.
