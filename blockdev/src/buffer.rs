@@ -50,8 +50,8 @@ impl IoBuffer {
         if len == 0 {
             return Err(bad("a buffer of zero bytes"));
         }
-        let layout =
-            Layout::from_size_align(len, align.max(1)).map_err(|_| bad("invalid size or alignment"))?;
+        let layout = Layout::from_size_align(len, align.max(1))
+            .map_err(|_| bad("invalid size or alignment"))?;
         // SAFETY: the layout has a non-zero size (checked above).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or(bad("out of memory"))?;

@@ -139,8 +139,10 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
 pub fn check_io(info: &DeviceInfo, op: Op, lba: u64, len: usize) -> Result<(), DeviceError> {
     let bs = u64::from(info.logical_block_size);
     let bad = |why: &'static str| DeviceError::BadRequest { op, lba, len, why };
-    if len == 0 || len as u64 % bs != 0 {
-        return Err(bad("length is not a non-zero multiple of the logical block size"));
+    if len == 0 || !(len as u64).is_multiple_of(bs) {
+        return Err(bad(
+            "length is not a non-zero multiple of the logical block size",
+        ));
     }
     if len > info.max_transfer as usize {
         return Err(bad("length exceeds the maximum transfer"));

@@ -131,7 +131,7 @@ fn chunk_size(max_transfer: u32, bs: u64) -> usize {
 }
 
 fn aligned_lba(pos: u64, len: usize, bs: u64, op: Op) -> Result<u64, DeviceError> {
-    if pos % bs != 0 || len as u64 % bs != 0 {
+    if !pos.is_multiple_of(bs) || !(len as u64).is_multiple_of(bs) {
         return Err(DeviceError::BadRequest {
             op,
             lba: pos / bs,

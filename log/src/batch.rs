@@ -52,7 +52,11 @@ impl<'a> BatchBuilder<'a> {
             position,
             epoch: self.epoch,
         };
-        h.encode(self.format_id, payload, &mut self.buf[self.used..self.used + size]);
+        h.encode(
+            self.format_id,
+            payload,
+            &mut self.buf[self.used..self.used + size],
+        );
         self.used += size;
         self.count += 1;
         position
@@ -132,19 +136,23 @@ pub fn check_records<'a>(
     let mut at = BATCH_HEADER_LEN;
     let len = (header.length as usize).min(bytes.len());
     for index in 0..header.record_count {
-        let position = header.position + at as u64;
+        let Some(position) = header.position.checked_add(at as u64) else {
+            return Err(BatchFault::Record {
+                index,
+                position: header.position,
+                what: "record position past the largest log position",
+            });
+        };
         let fault = |what| BatchFault::Record {
             index,
             position,
             what,
         };
-        let (h, payload) = RecordHeader::decode(
-            &bytes[at..len],
-            header.format_id,
-            position,
-            header.epoch,
-        )
-        .map_err(fault)?;
+        let rest = bytes
+            .get(at..len)
+            .ok_or_else(|| fault("record header runs past its batch"))?;
+        let (h, payload) =
+            RecordHeader::decode(rest, header.format_id, position, header.epoch).map_err(fault)?;
         let kind_ok = match header.kind {
             BatchKind::Checkpoint => h.kind == RecordKind::Checkpoint,
             BatchKind::Records => h.kind != RecordKind::Checkpoint,
@@ -196,7 +204,12 @@ mod tests {
 
     #[test]
     fn batches_round_trip_with_empty_large_and_multi_block_payloads() {
-        let payloads = vec![vec![], vec![1u8; 1], vec![2u8; 10_000], vec![3u8; 4096 - 40]];
+        let payloads = vec![
+            vec![],
+            vec![1u8; 1],
+            vec![2u8; 10_000],
+            vec![3u8; 4096 - 40],
+        ];
         let (buf, len, crc) = build(&payloads, 8192, 3, 64 << 10);
         assert_eq!(len % 4096, 0);
         let mut got = Vec::new();
@@ -208,7 +221,12 @@ mod tests {
         assert_eq!(h.record_count, 4);
         assert_eq!(h.durable_through, 99);
         assert_eq!(h.prev_hash, 0xabc);
-        let want: Vec<_> = payloads.iter().cloned().enumerate().map(|(i, p)| (i as u64, p)).collect();
+        let want: Vec<_> = payloads
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, p)| (i as u64, p))
+            .collect();
         assert_eq!(got, want);
     }
 
@@ -227,7 +245,10 @@ mod tests {
             .copy_from_slice(&other[BATCH_HEADER_LEN..BATCH_HEADER_LEN + RECORD_HEADER_LEN + 100]);
         assert!(matches!(
             check_batch(&mixed[..len], FID, 4096, 4096, |_| {}),
-            Err(BatchFault::Record { what: "record epoch differs from its batch", .. })
+            Err(BatchFault::Record {
+                what: "record epoch differs from its batch",
+                ..
+            })
         ));
     }
 
@@ -237,8 +258,11 @@ mod tests {
         let used = BATCH_HEADER_LEN + record_size(300) + record_size(17);
         for byte in 0..used {
             // Record padding bytes are not covered by a checksum, by design.
-            let in_pad = (BATCH_HEADER_LEN + RECORD_HEADER_LEN + 300..BATCH_HEADER_LEN + record_size(300)).contains(&byte)
-                || (BATCH_HEADER_LEN + record_size(300) + RECORD_HEADER_LEN + 17..used).contains(&byte);
+            let in_pad = (BATCH_HEADER_LEN + RECORD_HEADER_LEN + 300
+                ..BATCH_HEADER_LEN + record_size(300))
+                .contains(&byte)
+                || (BATCH_HEADER_LEN + record_size(300) + RECORD_HEADER_LEN + 17..used)
+                    .contains(&byte);
             if in_pad {
                 continue;
             }

@@ -132,8 +132,14 @@ mod tests {
             Ok(FlushMode::Interval(Duration::from_millis(5)))
         );
         assert_eq!("never".parse::<FlushMode>(), Ok(FlushMode::Never));
-        assert!("interval:0".parse::<FlushMode>().unwrap_err().contains("positive"));
-        assert!("sometimes".parse::<FlushMode>().unwrap_err().contains("expected"));
+        assert!("interval:0"
+            .parse::<FlushMode>()
+            .unwrap_err()
+            .contains("positive"));
+        assert!("sometimes"
+            .parse::<FlushMode>()
+            .unwrap_err()
+            .contains("expected"));
         assert_eq!("refuse".parse::<OnFull>(), Ok(OnFull::Refuse));
         assert!("panic".parse::<OnFull>().is_err());
     }

@@ -9,7 +9,9 @@ pub enum LogError {
         #[source]
         source: DeviceError,
     },
-    #[error("the writer stopped after a fatal device error ({0}); check the device before restarting")]
+    #[error(
+        "the writer stopped after a fatal device error ({0}); check the device before restarting"
+    )]
     WriterStopped(String),
     #[error("the log is shut down")]
     Shutdown,

@@ -149,37 +149,62 @@ impl Superblock {
     fn check_geometry(&self) -> Result<(), SuperblockFault> {
         let u = u64::from(self.write_unit);
         let bad = SuperblockFault::Geometry;
-        if self.write_unit < 512 || !self.write_unit.is_power_of_two() || self.write_unit > MAX_WRITE_UNIT
+        if self.write_unit < 512
+            || !self.write_unit.is_power_of_two()
+            || self.write_unit > MAX_WRITE_UNIT
         {
-            return Err(bad("write unit is not a power of two between 512 B and 1 MiB"));
+            return Err(bad(
+                "write unit is not a power of two between 512 B and 1 MiB",
+            ));
         }
         if self.log_start != LOG_START {
             return Err(bad("log start is not 2 MiB"));
         }
-        if self.log_size == 0 || self.log_size % u != 0 {
+        if self.log_size == 0 || !self.log_size.is_multiple_of(u) {
             return Err(bad("log size is not a positive multiple of the write unit"));
         }
+        if self.log_start.checked_add(self.log_size).is_none() {
+            return Err(bad("log size runs past the largest device offset"));
+        }
         if u64::from(self.max_batch) % u != 0 || self.max_batch == 0 {
-            return Err(bad("maximum batch is not a positive multiple of the write unit"));
+            return Err(bad(
+                "maximum batch is not a positive multiple of the write unit",
+            ));
         }
         if self.window < u64::from(self.max_batch) || self.window >= self.log_size {
-            return Err(bad("in-flight window is smaller than a batch or not smaller than the log"));
+            return Err(bad(
+                "in-flight window is smaller than a batch or not smaller than the log",
+            ));
+        }
+        // Every update adds one to the sequence and every recovery one to the epoch: 2^63 of
+        // either cannot have happened, and such a copy would leave no room for the next update.
+        if self.sequence >= 1 << 63 || self.epoch >= 1 << 63 {
+            return Err(bad("sequence or epoch is implausibly large"));
         }
         let ordered = self.head <= self.recovery_point
             && self.head <= self.checkpoint
             && self.recovery_point <= self.durable_through
             && self.checkpoint <= self.durable_through;
         if !ordered {
-            return Err(bad("head, recovery point, checkpoint and durable through are out of order"));
+            return Err(bad(
+                "head, recovery point, checkpoint and durable through are out of order",
+            ));
         }
         if self.durable_through - self.head > self.log_size {
             return Err(bad("retained span is larger than the log"));
         }
-        let aligned = [self.head, self.recovery_point, self.checkpoint, self.epoch_start]
-            .iter()
-            .all(|p| p % u == 0);
+        let aligned = [
+            self.head,
+            self.recovery_point,
+            self.checkpoint,
+            self.epoch_start,
+        ]
+        .iter()
+        .all(|p| p % u == 0);
         if !aligned {
-            return Err(bad("a position that must be a batch boundary is not aligned"));
+            return Err(bad(
+                "a position that must be a batch boundary is not aligned",
+            ));
         }
         Ok(())
     }
@@ -305,12 +330,16 @@ impl BatchHeader {
             return Err(HeaderFault::Misplaced { header: h });
         }
         let u = write_unit;
-        if length == 0 || length % u != 0 || (length as usize) < BATCH_HEADER_LEN {
-            return Err(HeaderFault::Invalid("batch length is not a multiple of the write unit"));
+        if length == 0 || !length.is_multiple_of(u) || (length as usize) < BATCH_HEADER_LEN {
+            return Err(HeaderFault::Invalid(
+                "batch length is not a multiple of the write unit",
+            ));
         }
         let min_len = BATCH_HEADER_LEN as u64 + u64::from(record_count) * RECORD_HEADER_LEN as u64;
         if min_len > u64::from(length) {
-            return Err(HeaderFault::Invalid("record count does not fit the batch length"));
+            return Err(HeaderFault::Invalid(
+                "record count does not fit the batch length",
+            ));
         }
         Ok((h, stored))
     }

@@ -32,10 +32,7 @@ impl Geometry {
     pub fn segments(&self, position: u64, len: u64) -> [(u64, u64); 2] {
         let off = position % self.log_size;
         let first = len.min(self.log_size - off);
-        [
-            (self.log_start + off, first),
-            (self.log_start, len - first),
-        ]
+        [(self.log_start + off, first), (self.log_start, len - first)]
     }
 
     /// Rounds a length up to the write unit.

@@ -133,10 +133,14 @@ impl Log {
 
     /// A durable partition as readers see it (without its index).
     pub fn partition(&self, id: u32) -> Option<PartitionView> {
-        self.shared.lock().partitions.get(&id).map(|v| PartitionView {
-            entries: Default::default(),
-            ..v.clone()
-        })
+        self.shared
+            .lock()
+            .partitions
+            .get(&id)
+            .map(|v| PartitionView {
+                entries: Default::default(),
+                ..v.clone()
+            })
     }
 
     /// Every durable partition: (id, topic, index, start offset, durable end).
@@ -166,7 +170,9 @@ impl Log {
     /// (long polling). Returns the durable end then.
     pub fn wait_for(&self, partition: u32, offset: u64, timeout: Duration) -> u64 {
         let s = self.shared.wait_until(timeout, |s| {
-            s.partitions.get(&partition).is_some_and(|p| p.durable_end > offset)
+            s.partitions
+                .get(&partition)
+                .is_some_and(|p| p.durable_end > offset)
         });
         s.partitions.get(&partition).map_or(0, |p| p.durable_end)
     }
@@ -265,7 +271,14 @@ fn run<D: BlockDevice>(mut w: Writer<D>, rx: Receiver<Request>, queue_capacity: 
         } else if closing {
             continue;
         } else {
-            match rx.recv_timeout(Duration::from_millis(100)) {
+            // Appends still waiting (for space or the window) want the writer back soon; an idle
+            // writer only needs to wake for its idle superblock update.
+            let nap = if w.pending_len() > 0 {
+                Duration::from_millis(1)
+            } else {
+                Duration::from_millis(100)
+            };
+            match rx.recv_timeout(nap) {
                 Ok(r) => w.submit(r),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => closing = true,

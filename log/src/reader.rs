@@ -23,9 +23,14 @@ pub(crate) fn read(
     offset: u64,
     max_bytes: usize,
 ) -> Result<Vec<Record>, LogError> {
-    read_with(log.shared(), &log.geometry(), partition, offset, max_bytes, |pos, len| {
-        log.read_raw(pos, len)
-    })
+    read_with(
+        log.shared(),
+        &log.geometry(),
+        partition,
+        offset,
+        max_bytes,
+        |pos, len| log.read_raw(pos, len),
+    )
 }
 
 /// The reader over any way of fetching raw log bytes: the writer thread's queue in production,
@@ -73,21 +78,33 @@ pub fn read_with(
             Err(err) => return Err(err),
         };
         let mut got = Vec::new();
-        let checked = check_batch(&raw, geo.format_id, e.batch_position, geo.write_unit as u32, |r| {
-            if r.header.partition == partition && r.header.kind == RecordKind::Data {
-                got.push(Record {
-                    offset: r.header.offset,
-                    position: r.header.position,
-                    payload: r.payload.to_vec(),
-                });
-            }
-        });
+        let checked = check_batch(
+            &raw,
+            geo.format_id,
+            e.batch_position,
+            geo.write_unit as u32,
+            |r| {
+                if r.header.partition == partition && r.header.kind == RecordKind::Data {
+                    got.push(Record {
+                        offset: r.header.offset,
+                        position: r.header.position,
+                        payload: r.payload.to_vec(),
+                    });
+                }
+            },
+        );
         if let Err(fault) = checked {
             // A batch that retention freed meanwhile may have been overwritten: not corruption.
             if e.batch_position < shared.lock().head {
                 return out_of_range(shared, partition, want);
             }
-            return Err(corrupt(shared, partition, want, e.batch_position, fault.to_string()));
+            return Err(corrupt(
+                shared,
+                partition,
+                want,
+                e.batch_position,
+                fault.to_string(),
+            ));
         }
         // The batch must hold exactly the offsets the index says, in order.
         let expect: Vec<u64> = (e.first_offset..e.end_offset).collect();

@@ -94,7 +94,9 @@ impl Shared {
         let guard = self.lock();
         let (g, _) = self
             .changed
-            .wait_timeout_while(guard, timeout, |s| !ready(s) && s.fatal.is_none() && !s.stopped)
+            .wait_timeout_while(guard, timeout, |s| {
+                !ready(s) && s.fatal.is_none() && !s.stopped
+            })
             .unwrap_or_else(|e| e.into_inner());
         g
     }

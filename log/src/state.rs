@@ -109,6 +109,10 @@ impl Registry {
             let start_offset = r.u64();
             let len = usize::from(r.u16());
             let name = r.bytes(len).ok_or("checkpoint ends inside a topic name")?;
+            if id == u32::MAX {
+                // Ids are assigned below `next_id`, itself a u32: this one cannot have been.
+                return Err("partition id out of range");
+            }
             let topic = std::str::from_utf8(name)
                 .map_err(|_| "topic name is not UTF-8")?
                 .to_string();

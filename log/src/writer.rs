@@ -217,7 +217,10 @@ impl<D: BlockDevice> Writer<D> {
     pub fn new(mut dev: D, cfg: LogConfig, resume: Resume) -> Result<Writer<D>, LogError> {
         let newest_sb = resume.superblocks[usize::from(resume.newest)];
         let geo = Geometry::from_superblock(&newest_sb, dev.info().logical_block_size);
-        if cfg.max_flushes_in_flight == 0 || cfg.max_writes_in_flight == 0 || cfg.queue_capacity == 0 {
+        if cfg.max_flushes_in_flight == 0
+            || cfg.max_writes_in_flight == 0
+            || cfg.queue_capacity == 0
+        {
             return Err(LogError::Config(
                 "flushes in flight, writes in flight and queue capacity must be at least 1".into(),
             ));
@@ -419,7 +422,13 @@ impl<D: BlockDevice> Writer<D> {
         }
         self.settle(now);
         moved |= self.maybe_superblock(now);
+        let waited_for_space = self.space_needed_head;
         moved |= self.maybe_write(now);
+        if self.space_needed_head != waited_for_space {
+            // The ring just ran out of room: free space (or checkpoint) in this same step.
+            moved |= self.maybe_superblock(now);
+            moved |= self.maybe_write(now);
+        }
         moved |= self.maybe_flush(now);
         self.check_full(now);
         if moved {
@@ -581,7 +590,11 @@ impl<D: BlockDevice> Writer<D> {
     /// Publishes every batch below D to readers and acknowledges it (default mode).
     fn publish_durable(&mut self, now: Now) {
         let mut done: Vec<InFlight> = Vec::new();
-        while self.batches.front().is_some_and(|b| b.end <= self.durable && b.written) {
+        while self
+            .batches
+            .front()
+            .is_some_and(|b| b.end <= self.durable && b.written)
+        {
             if let Some(b) = self.batches.pop_front() {
                 done.push(b);
             }
@@ -644,10 +657,15 @@ impl<D: BlockDevice> Writer<D> {
         }
         let urgent = sb_waiting
             || self.window_full()
-            || self.batches.iter().any(|b| b.kind == BatchKind::Checkpoint && b.written);
+            || self
+                .batches
+                .iter()
+                .any(|b| b.kind == BatchKind::Checkpoint && b.written);
         let due = match self.cfg.flush {
             FlushMode::Always => true,
-            FlushMode::Interval(i) => now.mono_ns.saturating_sub(self.last_flush_ns) >= i.as_nanos() as u64,
+            FlushMode::Interval(i) => {
+                now.mono_ns.saturating_sub(self.last_flush_ns) >= i.as_nanos() as u64
+            }
             FlushMode::Never => false,
         };
         if !(due || urgent) {
@@ -711,12 +729,18 @@ impl<D: BlockDevice> Writer<D> {
             let in_flight = self.tail - self.durable;
             let window_room = self.geo.window.saturating_sub(in_flight);
             // Normal batches leave room for one checkpoint, so the ring can always move on.
-            let reserve = if want_checkpoint { 0 } else { self.geo.max_batch };
-            let ring_room = (self.ring_floor() + self.geo.log_size).saturating_sub(self.tail + reserve);
+            let reserve = if want_checkpoint {
+                0
+            } else {
+                self.geo.max_batch
+            };
+            let ring_room =
+                (self.ring_floor() + self.geo.log_size).saturating_sub(self.tail + reserve);
             let room = window_room.min(ring_room).min(self.geo.max_batch);
             let room = room - room % self.geo.write_unit;
             let first_need = if want_checkpoint {
-                self.geo.round_up((BATCH_HEADER_LEN + record_size(self.checkpoint_len())) as u64)
+                self.geo
+                    .round_up((BATCH_HEADER_LEN + record_size(self.checkpoint_len())) as u64)
             } else {
                 self.geo.round_up(
                     (BATCH_HEADER_LEN + record_size(self.pending.front().map_or(0, pending_len)))
@@ -983,7 +1007,9 @@ impl<D: BlockDevice> Writer<D> {
             self.pending.is_empty()
                 && self.batches.is_empty()
                 && self.durable > cur.durable_through
-                && now.mono_ns.saturating_sub(self.last_activity_ns.max(self.sb_last_ns))
+                && now
+                    .mono_ns
+                    .saturating_sub(self.last_activity_ns.max(self.sb_last_ns))
                     >= self.cfg.idle_superblock.as_nanos() as u64,
         ];
         if !reasons.iter().any(|&r| r) {
@@ -1013,9 +1039,9 @@ impl<D: BlockDevice> Writer<D> {
         buf.fill(0);
         buf[..crate::format::SUPERBLOCK_LEN].copy_from_slice(&sb.encode());
         let tag = TAG_SUPERBLOCK | self.bump_tag();
-        if let Err(e) = self
-            .dev
-            .submit_write(tag, superblock_offset(copy) / self.geo.logical_block, buf)
+        if let Err(e) =
+            self.dev
+                .submit_write(tag, superblock_offset(copy) / self.geo.logical_block, buf)
         {
             self.fail(LogError::Device {
                 op: "submit a superblock write",

@@ -23,7 +23,11 @@ pub fn choose(copies: &[Result<Superblock, SuperblockFault>; 2]) -> Result<Choic
                     a.format_id, b.format_id
                 )));
             }
-            let (old, new) = if a.sequence < b.sequence { (a, b) } else { (b, a) };
+            let (old, new) = if a.sequence < b.sequence {
+                (a, b)
+            } else {
+                (b, a)
+            };
             if new.sequence != old.sequence + 1 {
                 return Err(RecoveryError::SuperblockConflict(format!(
                     "sequences {} and {} are not consecutive",
@@ -54,7 +58,10 @@ pub fn choose(copies: &[Result<Superblock, SuperblockFault>; 2]) -> Result<Choic
         (Err(fa), Err(fb)) => {
             let (a, b) = (fa.to_string(), fb.to_string());
             if *fa == SuperblockFault::Blank && *fb == SuperblockFault::Blank
-                || matches!((fa, fb), (SuperblockFault::BadMagic, SuperblockFault::BadMagic))
+                || matches!(
+                    (fa, fb),
+                    (SuperblockFault::BadMagic, SuperblockFault::BadMagic)
+                )
             {
                 Err(RecoveryError::NotFormatted { a, b })
             } else {

@@ -29,7 +29,11 @@ impl<'d, D: BlockDevice + ?Sized> Cursor<'d, D> {
     /// The log bytes [position, position + len). Reads ahead; on a read error, retries just the
     /// asked range so that one bad block far ahead does not fail a good read.
     pub fn get(&mut self, position: u64, len: u64) -> Result<&[u8], DeviceError> {
-        let have = position >= self.at && position + len <= self.at + self.buf.len() as u64;
+        // Checked: a damaged superblock may name positions near u64::MAX.
+        let have = position >= self.at
+            && position
+                .checked_add(len)
+                .is_some_and(|end| end <= self.at.saturating_add(self.buf.len() as u64));
         if !have {
             let ahead = READ_AHEAD.max(len).min(self.geo.log_size);
             match self.fill(position, ahead) {

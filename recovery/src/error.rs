@@ -16,7 +16,9 @@ pub enum RecoveryError {
     SuperblocksDamaged { a: String, b: String },
     #[error("superblock copies disagree: {0}; refusing to open (two devices mixed, or a fork)")]
     SuperblockConflict(String),
-    #[error("the device ({capacity} B) is smaller than the log its superblock records ({needed} B)")]
+    #[error(
+        "the device ({capacity} B) is smaller than the log its superblock records ({needed} B)"
+    )]
     DeviceTooSmall { capacity: u64, needed: u64 },
     #[error("damage inside acknowledged data at log position {position}: {what}; refusing to open (nothing was cut)")]
     Damage { position: u64, what: String },

@@ -138,12 +138,18 @@ pub fn scan_range<D: BlockDevice + ?Sized>(
             break;
         }
         if h.epoch < last_epoch {
-            out.stop = stop(format!("epoch {} below the previous batch's {last_epoch}", h.epoch), false);
+            out.stop = stop(
+                format!("epoch {} below the previous batch's {last_epoch}", h.epoch),
+                false,
+            );
             break;
         }
         if pos >= rules.epoch_start && h.epoch < rules.epoch {
             out.stop = stop(
-                format!("epoch {} is fenced off (epoch {} starts at {})", h.epoch, rules.epoch, rules.epoch_start),
+                format!(
+                    "epoch {} is fenced off (epoch {} starts at {})",
+                    h.epoch, rules.epoch, rules.epoch_start
+                ),
                 false,
             );
             break;
@@ -210,14 +216,15 @@ fn probe<D: BlockDevice + ?Sized>(
         bytes_read: 0,
     };
     let u = geo.write_unit;
-    let end = stop + (geo.window + geo.max_batch).min(geo.log_size - u);
+    // Saturating: a damaged superblock may name positions near u64::MAX.
+    let end = stop.saturating_add((geo.window + geo.max_batch).min(geo.log_size - u));
     let mut cursor = Cursor::new(dev, *geo);
     let mut q = stop;
     while q < end {
         let block = match cursor.get(q, u) {
             Ok(b) => b,
             Err(_) => {
-                q += u;
+                q = q.saturating_add(u);
                 continue;
             }
         };
@@ -240,7 +247,7 @@ fn probe<D: BlockDevice + ?Sized>(
             }
             Err(HeaderFault::Invalid(_)) => {}
         }
-        q += u;
+        q = q.saturating_add(u);
     }
     p.bytes_read = cursor.bytes_read;
     p
@@ -304,7 +311,11 @@ pub fn recover_scan<D: BlockDevice + ?Sized>(
             position: stop.position,
             what: format!(
                 "{} (acknowledged data reaches at least {durable_bound})",
-                if stop.read_error { format!("unreadable: {}", stop.what) } else { stop.what.clone() }
+                if stop.read_error {
+                    format!("unreadable: {}", stop.what)
+                } else {
+                    stop.what.clone()
+                }
             ),
         });
     }
@@ -363,11 +374,15 @@ fn replay(
         let id = r.header.partition;
         match r.header.kind {
             RecordKind::Data => {
-                let known = reg.get(id).map(|p| p.next_offset).or_else(|| {
-                    creates.iter().any(|c| c.0 == id).then_some(0)
-                });
+                let known = reg
+                    .get(id)
+                    .map(|p| p.next_offset)
+                    .or_else(|| creates.iter().any(|c| c.0 == id).then_some(0));
                 let expect = *next.get(&id).or(known.as_ref()).ok_or_else(|| {
-                    format!("record at {} names unknown partition {id}", r.header.position)
+                    format!(
+                        "record at {} names unknown partition {id}",
+                        r.header.position
+                    )
                 })?;
                 if r.header.offset != expect {
                     return Err(format!(
@@ -398,7 +413,12 @@ fn replay(
     Ok(())
 }
 
-fn add_entry(index: &mut HashMap<u32, VecDeque<IndexEntry>>, h: &BatchHeader, id: u32, offset: u64) {
+fn add_entry(
+    index: &mut HashMap<u32, VecDeque<IndexEntry>>,
+    h: &BatchHeader,
+    id: u32,
+    offset: u64,
+) {
     let entries = index.entry(id).or_default();
     match entries.back_mut() {
         Some(e) if e.batch_position == h.position => e.end_offset = offset + 1,
@@ -435,13 +455,20 @@ pub fn index_below<D: BlockDevice + ?Sized>(
         epoch: 0,
         epoch_start: u64::MAX,
     };
-    let scanned = scan_range(dev, geo, sb.head, Some(sb.recovery_point), rules, |h, recs| {
-        for r in recs.iter().filter(|r| r.header.kind == RecordKind::Data) {
-            add_entry(&mut index, h, r.header.partition, r.header.offset);
-        }
-        retained.push_back(retained_of(h));
-        Ok(())
-    });
+    let scanned = scan_range(
+        dev,
+        geo,
+        sb.head,
+        Some(sb.recovery_point),
+        rules,
+        |h, recs| {
+            for r in recs.iter().filter(|r| r.header.kind == RecordKind::Data) {
+                add_entry(&mut index, h, r.header.partition, r.header.offset);
+            }
+            retained.push_back(retained_of(h));
+            Ok(())
+        },
+    );
     if let StopOrEnd::Stop(s) = &scanned.stop {
         return Err(RecoveryError::Damage {
             position: s.position,
@@ -458,7 +485,10 @@ pub fn index_below<D: BlockDevice + ?Sized>(
         });
     }
     for (id, entries) in &above.index {
-        index.entry(*id).or_default().extend(entries.iter().copied());
+        index
+            .entry(*id)
+            .or_default()
+            .extend(entries.iter().copied());
     }
     retained.extend(above.retained.iter().copied());
     let mut registry = above.registry.clone();

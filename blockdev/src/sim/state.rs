@@ -349,7 +349,22 @@ impl State {
             Work::Flush { covers, fails, .. } => {
                 let result = if fails {
                     self.stats.flush_errors += 1;
-                    self.doom_below(covers);
+                    // An earlier-submitted flush that will succeed still vouches for what it
+                    // covers (storage.md §1): only the writes beyond it are lost with this one.
+                    let vouched = self
+                        .inflight
+                        .range(..id)
+                        .filter_map(|(_, q)| match q.work {
+                            Work::Flush {
+                                covers: c,
+                                fails: false,
+                                ..
+                            } => Some(c),
+                            _ => None,
+                        })
+                        .max()
+                        .unwrap_or(0);
+                    self.doom_range(vouched, covers);
                     Err(DeviceError::Io {
                         op,
                         lba,
@@ -434,7 +449,15 @@ impl State {
     }
 
     fn doom_below(&mut self, covers: u64) {
-        for e in self.cache.iter_mut().filter(|e| e.cseq < covers) {
+        self.doom_range(0, covers);
+    }
+
+    fn doom_range(&mut self, from: u64, covers: u64) {
+        for e in self
+            .cache
+            .iter_mut()
+            .filter(|e| e.cseq >= from && e.cseq < covers)
+        {
             e.doomed = true;
         }
     }

@@ -1,0 +1,1175 @@
+//! Recovery over arbitrary device bytes never panics and never serves a record that fails its
+//! checksum (storage.md §1 "Reads keep the promise too", §4, §5).
+//!
+//! Three property tests:
+//! 1. a device full of random bytes (optionally with planted superblocks that carry a valid CRC)
+//!    is refused with an error;
+//! 2. a real log, built by the stepped writer over several power-cut eras, then damaged by
+//!    arbitrary mutations (byte overwrites, bit flips, zeroed ranges, misdirected and stale
+//!    blocks, superblock fields re-encoded with a valid CRC) either is refused with an error or
+//!    opens, and then every record served was appended at exactly that (partition, offset);
+//! 3. every decoder of device bytes, on arbitrary and on CRC-valid but inconsistent input.
+//!
+//! `NVMQ_FUZZ_CASES=<n>` multiplies nothing but replaces the case count of every test here (for
+//! longer runs); the defaults keep the file well under a minute in the `test` profile.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use blockdev::sim::{Latency, Rng, SimClock, SimConfig, SimDevice, SimHandle};
+use blockdev::BlockDevice;
+use nvmq_log::batch::{check_batch, check_records, BatchBuilder};
+use nvmq_log::format::{
+    superblock_offset, BatchHeader, BatchKind, RecordHeader, RecordKind, Superblock,
+    BATCH_HEADER_LEN, LOG_START, SUPERBLOCK_B, SUPERBLOCK_LEN,
+};
+use nvmq_log::mkfs::format;
+use nvmq_log::state::{decode_create, Registry};
+use nvmq_log::{
+    read_with, Appended, FlushMode, FormatOptions, LogConfig, LogError, Now, OnFull, Record,
+    Request, Writer,
+};
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+// ---------------------------------------------------------------------------------------------
+// Geometry of the logs the mutation test damages: small, so that the ring wraps in a few eras.
+
+const BLOCK: u64 = 4096;
+const WINDOW: u64 = 16 << 10;
+const MAX_BATCH: u32 = 8 << 10;
+const LOG_SIZE: u64 = 96 << 10;
+const CAPACITY: u64 = LOG_START + LOG_SIZE;
+const DEVICE_BLOCKS: u64 = CAPACITY / BLOCK;
+const FORMAT_ID: u64 = 0x6675_7a7a_5eed_0001;
+const PARTITIONS: u32 = 3;
+
+fn cases(default: u32) -> u32 {
+    std::env::var("NVMQ_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn format_options() -> FormatOptions {
+    FormatOptions {
+        window: WINDOW,
+        max_batch: MAX_BATCH,
+        log_size: Some(LOG_SIZE),
+        format_id: Some(FORMAT_ID),
+    }
+}
+
+fn log_config(retain_bytes: Option<u64>) -> LogConfig {
+    LogConfig {
+        flush: FlushMode::Always,
+        on_full: OnFull::DropOldest,
+        retain_bytes,
+        retain_time: None,
+        recovery_lag: 2 * u64::from(MAX_BATCH),
+        queue_capacity: 64,
+        max_flushes_in_flight: 2,
+        max_writes_in_flight: 2,
+        idle_superblock: Duration::from_millis(5),
+        full_wait: Duration::from_millis(20),
+    }
+}
+
+fn now(clock: &SimClock) -> Now {
+    let ns = clock.now_nanos();
+    Now {
+        mono_ns: ns,
+        wall_ms: 1_700_000_000_000 + ns / 1_000_000,
+    }
+}
+
+/// Steps the writer until `done` holds (or `limit` steps), moving virtual time while it waits.
+fn drive<D: BlockDevice>(
+    w: &mut Writer<D>,
+    clock: &SimClock,
+    limit: usize,
+    mut done: impl FnMut() -> bool,
+) {
+    for _ in 0..limit {
+        if done() || w.fatal().is_some() {
+            return;
+        }
+        step_once(w, clock);
+    }
+}
+
+fn step_once<D: BlockDevice>(w: &mut Writer<D>, clock: &SimClock) {
+    if !w.step(now(clock)) {
+        if w.has_io_in_flight() {
+            w.wait_device(Duration::from_millis(10));
+        } else {
+            clock.advance(Duration::from_millis(1));
+        }
+    }
+}
+
+/// One `read_with` call through the stepped writer.
+fn read_once<D: BlockDevice>(
+    w: &mut Writer<D>,
+    clock: &SimClock,
+    partition: u32,
+    offset: u64,
+) -> Result<Vec<Record>, LogError> {
+    let shared = w.shared();
+    let geo = w.geometry();
+    let mut raw = |position: u64, len: u64| -> Result<Vec<u8>, LogError> {
+        let slot: Arc<Mutex<Option<Result<Vec<u8>, LogError>>>> = Arc::default();
+        let s2 = slot.clone();
+        w.submit(Request::Read {
+            position,
+            len,
+            reply: Box::new(move |r| *s2.lock().unwrap() = Some(r)),
+        });
+        drive(w, clock, 20_000, || slot.lock().unwrap().is_some());
+        let r = slot.lock().unwrap().take();
+        r.unwrap_or(Err(LogError::Shutdown))
+    };
+    read_with(&shared, &geo, partition, offset, 16 << 10, &mut raw)
+}
+
+/// (id, start offset, durable end) of every partition the writer serves, sorted.
+fn partitions<D: BlockDevice>(w: &Writer<D>) -> Vec<(u32, u64, u64)> {
+    let shared = w.shared();
+    let s = shared.lock();
+    let mut v: Vec<_> = s
+        .partitions
+        .iter()
+        .map(|(id, p)| (*id, p.start_offset, p.durable_end))
+        .collect();
+    v.sort();
+    v
+}
+
+// ---------------------------------------------------------------------------------------------
+// The logs to damage: built once, by the real writer, over several eras ended by power cuts.
+
+/// Device bytes that matter: both superblock blocks and the whole log region.
+type Snapshot = Vec<(u64, Vec<u8>)>;
+
+struct Image {
+    label: String,
+    /// The device at the end of the last era.
+    regions: Snapshot,
+    /// The device at the end of each earlier era: stale versions of every block.
+    history: Vec<Snapshot>,
+    /// Every payload ever appended at (partition, offset), whichever era it was in.
+    appended: HashMap<(u32, u64), Vec<Vec<u8>>>,
+    /// (id, start offset, durable end) of each partition just before the last cut.
+    live_parts: Vec<(u32, u64, u64)>,
+}
+
+fn snapshot(handle: &SimHandle) -> Snapshot {
+    vec![
+        (0, handle.peek(0, BLOCK as usize)),
+        (SUPERBLOCK_B, handle.peek(SUPERBLOCK_B, BLOCK as usize)),
+        (LOG_START, handle.peek(LOG_START, LOG_SIZE as usize)),
+    ]
+}
+
+/// The block at device byte `off` in a snapshot (zeros where the snapshot holds nothing).
+fn snapshot_block(s: &Snapshot, off: u64) -> Vec<u8> {
+    for (at, bytes) in s {
+        if off >= *at && off + BLOCK <= at + bytes.len() as u64 {
+            let i = (off - at) as usize;
+            return bytes[i..i + BLOCK as usize].to_vec();
+        }
+    }
+    vec![0u8; BLOCK as usize]
+}
+
+fn payload(rng: &mut Rng, label: u64, era: u32, seq: u64) -> Vec<u8> {
+    let mut p = format!("img{label}e{era}n{seq}:").into_bytes();
+    let extra = match rng.below(20) {
+        0 => rng.below(7_000),
+        1..=3 => 0,
+        4..=6 => rng.below(2_000),
+        _ => rng.below(300),
+    } as usize;
+    let start = p.len();
+    p.resize(start + extra, 0);
+    rng.fill(&mut p[start..]);
+    p
+}
+
+/// Formats a device and runs `eras` rounds of: recover, check what survived, append, then either
+/// settle (every append acknowledged, the idle superblock written) or cut mid-load.
+fn build_image(label: u64, eras: u32, ragged_end: bool, retain: Option<u64>, load: u64) -> Image {
+    let mut rng = Rng::new(label);
+    let clock = SimClock::virtual_at_zero();
+    let mut cfg = SimConfig::new(label, CAPACITY);
+    cfg.clock = clock.clone();
+    cfg.write_latency = Latency::Uniform {
+        min: Duration::from_micros(5),
+        max: Duration::from_micros(200),
+    };
+    cfg.flush_latency = Latency::Uniform {
+        min: Duration::from_micros(100),
+        max: Duration::from_millis(2),
+    };
+    let (mut dev, handle) = SimDevice::new(cfg);
+    format(&mut dev, &format_options()).expect("format");
+    let log_cfg = log_config(retain);
+    let mut truth: HashMap<u32, Vec<Vec<u8>>> = HashMap::new();
+    let mut appended: HashMap<(u32, u64), Vec<Vec<u8>>> = HashMap::new();
+    let mut history = Vec::new();
+    let mut seq = 0u64;
+    let mut live_parts = Vec::new();
+    for era in 0..eras {
+        let (mut w, _) = recovery::open(dev, log_cfg.clone())
+            .unwrap_or_else(|e| panic!("image {label}: clean open in era {era} failed: {e}"));
+        // What survived the last cut: a prefix of what was sent, byte for byte.
+        for (id, start, end) in partitions(&w) {
+            let t = truth.entry(id).or_default();
+            assert!(
+                end as usize <= t.len(),
+                "image {label}: partition {id} grew"
+            );
+            t.truncate(end as usize);
+            let mut at = start;
+            while at < end {
+                let recs = match read_once(&mut w, &clock, id, at) {
+                    Ok(r) => r,
+                    // Retention moved the head while we read: go on from the new start.
+                    Err(LogError::OffsetOutOfRange { start: s, .. }) if s > at => {
+                        at = s;
+                        continue;
+                    }
+                    Err(e) => panic!("image {label}: clean read {id}/{at}: {e}"),
+                };
+                assert!(!recs.is_empty(), "image {label}: empty read {id}/{at}");
+                for r in recs {
+                    assert_eq!(r.offset, at, "image {label}: partition {id}");
+                    assert!(
+                        t[at as usize] == r.payload,
+                        "image {label}: {id}/{at} differs"
+                    );
+                    at += 1;
+                }
+            }
+        }
+        if era == 0 {
+            let done: Arc<Mutex<Vec<Result<Appended, LogError>>>> = Arc::default();
+            for i in 0..PARTITIONS {
+                let d = done.clone();
+                w.submit(Request::CreatePartition {
+                    topic: format!("topic-{i}"),
+                    index: i,
+                    ack: Box::new(move |r| d.lock().unwrap().push(r)),
+                });
+            }
+            drive(&mut w, &clock, 100_000, || {
+                done.lock().unwrap().len() == PARTITIONS as usize
+            });
+            for r in done.lock().unwrap().iter() {
+                let a = r.as_ref().expect("create partition");
+                truth.entry(a.partition).or_default();
+            }
+        }
+        let mut ids: Vec<u32> = truth.keys().copied().collect();
+        ids.sort();
+        let cut_mid = if era + 1 == eras {
+            ragged_end
+        } else {
+            rng.chance(0.5)
+        };
+        let n = rng.range(load / 2, load);
+        type Acks = Arc<Mutex<Vec<(u32, u64, Result<Appended, LogError>)>>>;
+        let acks: Acks = Arc::default();
+        for _ in 0..n {
+            let id = ids[rng.below(ids.len() as u64) as usize];
+            seq += 1;
+            let p = payload(&mut rng, label, era, seq);
+            let t = truth.entry(id).or_default();
+            let off = t.len() as u64;
+            t.push(p.clone());
+            appended.entry((id, off)).or_default().push(p.clone());
+            let a = acks.clone();
+            w.submit(Request::Append {
+                partition: id,
+                payload: p,
+                ack: Box::new(move |r| a.lock().unwrap().push((id, off, r))),
+            });
+            for _ in 0..rng.below(4) {
+                step_once(&mut w, &clock);
+            }
+        }
+        if cut_mid {
+            for _ in 0..rng.below(30) {
+                step_once(&mut w, &clock);
+            }
+        } else {
+            drive(&mut w, &clock, 200_000, || {
+                acks.lock().unwrap().len() as u64 == n
+            });
+            assert_eq!(
+                acks.lock().unwrap().len() as u64,
+                n,
+                "image {label}: not all acked"
+            );
+            // Idle long enough for the superblock to record D.
+            for _ in 0..3 {
+                clock.advance(Duration::from_millis(20));
+                drive(&mut w, &clock, 2_000, || false);
+            }
+        }
+        assert!(w.fatal().is_none(), "image {label}: writer stopped");
+        for (id, off, r) in acks.lock().unwrap().iter() {
+            let a = r
+                .as_ref()
+                .unwrap_or_else(|e| panic!("image {label}: append failed: {e}"));
+            assert_eq!(
+                (a.partition, a.offset),
+                (*id, *off),
+                "image {label}: offsets"
+            );
+        }
+        live_parts = partitions(&w);
+        handle.power_cut();
+        drop(w);
+        history.push(snapshot(&handle));
+        dev = handle.power_on();
+    }
+    let regions = history.pop().expect("at least one era");
+    Image {
+        label: format!("image {label} ({eras} eras, ragged end: {ragged_end}, retain: {retain:?})"),
+        regions,
+        history,
+        appended,
+        live_parts,
+    }
+}
+
+fn images() -> &'static [Image] {
+    static IMAGES: OnceLock<Vec<Image>> = OnceLock::new();
+    IMAGES.get_or_init(|| {
+        vec![
+            build_image(1, 1, false, None, 12),
+            build_image(2, 3, false, None, 160),
+            build_image(3, 3, true, None, 160),
+            build_image(4, 4, true, Some(40 << 10), 120),
+            build_image(5, 2, false, None, 60),
+            build_image(6, 5, false, Some(48 << 10), 100),
+        ]
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mutations.
+
+#[derive(Debug, Clone)]
+enum FieldValue {
+    Any(u64),
+    /// A multiple of the 4 KiB write unit.
+    Blocks(u64),
+    /// The current value plus a small signed delta.
+    Delta(i64),
+    /// The current value plus a small signed number of write units.
+    DeltaBlocks(i64),
+    /// An aligned position within a few write units of u64::MAX.
+    High(u64),
+    /// u64::MAX minus a little.
+    Top(u64),
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    Overwrite {
+        at: u64,
+        bytes: Vec<u8>,
+    },
+    FlipBit {
+        at: u64,
+        bit: u8,
+    },
+    Zero {
+        at: u64,
+        len: u64,
+    },
+    /// A misdirected write: block `from` copied over block `to`.
+    CopyBlock {
+        from: u64,
+        to: u64,
+    },
+    /// A stale block: `block` as it was at the end of an earlier era.
+    Stale {
+        block: u64,
+        era: usize,
+    },
+    /// A superblock copy with one field changed (`field` 16 and up: every position shifted
+    /// together) and a valid CRC. `relink`: 0 leaves the other
+    /// copy as it is, 1 makes the two copies a valid chain again, 2 erases the other copy.
+    SuperblockField {
+        slot: u8,
+        field: u8,
+        value: FieldValue,
+        relink: u8,
+    },
+}
+
+fn device_offset() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        6 => LOG_START..CAPACITY,
+        1 => 0..SUPERBLOCK_LEN as u64,
+        1 => SUPERBLOCK_B..SUPERBLOCK_B + SUPERBLOCK_LEN as u64,
+        1 => 0..CAPACITY,
+    ]
+}
+
+fn device_block() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        6 => (LOG_START / BLOCK)..DEVICE_BLOCKS,
+        1 => Just(0),
+        1 => Just(SUPERBLOCK_B / BLOCK),
+        1 => 0..DEVICE_BLOCKS,
+    ]
+}
+
+fn field_value() -> impl Strategy<Value = FieldValue> {
+    prop_oneof![
+        any::<u64>().prop_map(FieldValue::Any),
+        (0u64..64).prop_map(FieldValue::Blocks),
+        (-3i64..=3).prop_map(FieldValue::Delta),
+        (-8i64..=8).prop_map(FieldValue::DeltaBlocks),
+        (0u64..4).prop_map(FieldValue::High),
+        (0u64..3).prop_map(FieldValue::Top),
+    ]
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        3 => (device_offset(), vec(any::<u8>(), 1..64))
+            .prop_map(|(at, bytes)| Mutation::Overwrite { at, bytes }),
+        3 => (device_offset(), 0u8..8).prop_map(|(at, bit)| Mutation::FlipBit { at, bit }),
+        2 => (device_offset(), 1u64..8192).prop_map(|(at, len)| Mutation::Zero { at, len }),
+        2 => (device_block(), device_block()).prop_map(|(from, to)| Mutation::CopyBlock { from, to }),
+        2 => (device_block(), 0usize..8).prop_map(|(block, era)| Mutation::Stale { block, era }),
+        4 => (0u8..2, 0u8..20, field_value(), 0u8..3).prop_map(|(slot, field, value, relink)| {
+            Mutation::SuperblockField { slot, field, value, relink }
+        }),
+    ]
+}
+
+fn set_field(sb: &mut Superblock, field: u8, value: &FieldValue) {
+    if field >= 16 {
+        // Every position at once, kept in order: the superblock names another place of the log.
+        let mut head = sb.head;
+        set_field(sb, 8, value);
+        std::mem::swap(&mut head, &mut sb.head);
+        let delta = head.wrapping_sub(sb.head);
+        sb.head = head;
+        sb.recovery_point = sb.recovery_point.wrapping_add(delta);
+        sb.checkpoint = sb.checkpoint.wrapping_add(delta);
+        sb.durable_through = sb.durable_through.wrapping_add(delta);
+        sb.epoch_start = sb.epoch_start.wrapping_add(delta);
+        return;
+    }
+    let current = match field {
+        0 => sb.format_id,
+        1 => u64::from(sb.copy),
+        2 => sb.sequence,
+        3 => u64::from(sb.parent),
+        4 => u64::from(sb.write_unit),
+        5 => sb.log_start,
+        6 => sb.log_size,
+        7 => u64::from(sb.max_batch),
+        8 => sb.head,
+        9 => sb.recovery_point,
+        10 => u64::from(sb.recovery_link),
+        11 => sb.checkpoint,
+        12 => sb.durable_through,
+        13 => sb.epoch,
+        14 => sb.epoch_start,
+        _ => sb.window,
+    };
+    let v = match *value {
+        FieldValue::Any(x) => x,
+        FieldValue::Blocks(k) => k * BLOCK,
+        FieldValue::Delta(d) => current.wrapping_add_signed(d),
+        FieldValue::DeltaBlocks(d) => current.wrapping_add_signed(d * BLOCK as i64),
+        FieldValue::High(k) => (u64::MAX / BLOCK - k) * BLOCK,
+        FieldValue::Top(k) => u64::MAX - k,
+    };
+    match field {
+        0 => sb.format_id = v,
+        1 => sb.copy = v as u8,
+        2 => sb.sequence = v,
+        3 => sb.parent = v as u32,
+        4 => sb.write_unit = v as u32,
+        5 => sb.log_start = v,
+        6 => sb.log_size = v,
+        7 => sb.max_batch = v as u32,
+        8 => sb.head = v,
+        9 => sb.recovery_point = v,
+        10 => sb.recovery_link = v as u32,
+        11 => sb.checkpoint = v,
+        12 => sb.durable_through = v,
+        13 => sb.epoch = v,
+        14 => sb.epoch_start = v,
+        _ => sb.window = v,
+    }
+}
+
+/// The superblock in `slot` as it reads now, else as the image had it, decoded even if its
+/// geometry no longer checks (re-encoded fields are the point).
+fn current_superblock(handle: &SimHandle, img: &Image, slot: u8) -> Option<Superblock> {
+    let now = handle.peek(superblock_offset(slot), SUPERBLOCK_LEN);
+    if let Ok(sb) = Superblock::decode(&now, slot) {
+        return Some(sb);
+    }
+    let orig = snapshot_block(&img.regions, superblock_offset(slot));
+    Superblock::decode(&orig, slot).ok()
+}
+
+fn apply(handle: &SimHandle, img: &Image, m: &Mutation) {
+    match m {
+        Mutation::Overwrite { at, bytes } => handle.poke_durable(*at, bytes),
+        Mutation::FlipBit { at, bit } => handle.flip_bit(*at, *bit),
+        Mutation::Zero { at, len } => handle.poke_durable(*at, &vec![0u8; *len as usize]),
+        Mutation::CopyBlock { from, to } => {
+            let b = handle.peek(from * BLOCK, BLOCK as usize);
+            handle.poke_durable(to * BLOCK, &b);
+        }
+        Mutation::Stale { block, era } => {
+            if !img.history.is_empty() {
+                let s = &img.history[era % img.history.len()];
+                handle.poke_durable(block * BLOCK, &snapshot_block(s, block * BLOCK));
+            }
+        }
+        Mutation::SuperblockField {
+            slot,
+            field,
+            value,
+            relink,
+        } => {
+            let Some(mut sb) = current_superblock(handle, img, *slot) else {
+                return;
+            };
+            set_field(&mut sb, *field, value);
+            let other_slot = 1 - *slot;
+            match relink {
+                1 => {
+                    if let Some(mut other) = current_superblock(handle, img, other_slot) {
+                        if sb.sequence > other.sequence {
+                            sb.parent = other.checksum();
+                        } else {
+                            other.parent = sb.checksum();
+                            handle.poke_durable(superblock_offset(other_slot), &other.encode());
+                        }
+                    }
+                }
+                2 => handle.poke_durable(superblock_offset(other_slot), &[0u8; BLOCK as usize]),
+                _ => {}
+            }
+            handle.poke_durable(superblock_offset(*slot), &sb.encode());
+        }
+    }
+}
+
+// Counters for the summary printed at the end of the mutation test's run.
+static CASES_RUN: AtomicU64 = AtomicU64::new(0);
+static OPENED: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+static SERVED: AtomicU64 = AtomicU64::new(0);
+static READ_ERRORS: AtomicU64 = AtomicU64::new(0);
+static GAPS: AtomicU64 = AtomicU64::new(0);
+const MUTATION_CASES: u32 = 384;
+
+/// Applies `muts` to a copy of image `which`, recovers, and reads every partition fully.
+fn recover_mutated(which: usize, muts: &[Mutation]) -> Result<(), TestCaseError> {
+    let img = &images()[which % images().len()];
+    let clock = SimClock::virtual_at_zero();
+    let mut cfg = SimConfig::new(which as u64, CAPACITY);
+    cfg.clock = clock.clone();
+    let (dev, handle) = SimDevice::new(cfg);
+    for (at, bytes) in &img.regions {
+        handle.poke_durable(*at, bytes);
+    }
+    for m in muts {
+        apply(&handle, img, m);
+    }
+    let log_cfg = log_config(None);
+    let opened = recovery::open(dev, log_cfg);
+    let mut w = match opened {
+        Err(e) => {
+            prop_assert!(
+                !muts.is_empty(),
+                "{}: an undamaged log was refused: {e}",
+                img.label
+            );
+            prop_assert!(!e.to_string().is_empty());
+            REFUSED.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        Ok((w, _report)) => w,
+    };
+    OPENED.fetch_add(1, Ordering::Relaxed);
+    let mut served_total = 0u64;
+    let mut read_errors = 0u64;
+    let parts_after = partitions(&w);
+    for &(id, start, end) in &parts_after {
+        let mut at = start;
+        let mut calls = 0;
+        while at < end && calls < 256 {
+            calls += 1;
+            match read_once(&mut w, &clock, id, at) {
+                Ok(recs) => {
+                    let Some(last) = recs.last() else {
+                        GAPS.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    };
+                    let next = last.offset + 1;
+                    if recs[0].offset != at {
+                        GAPS.fetch_add(1, Ordering::Relaxed);
+                    }
+                    for r in &recs {
+                        let ok = img
+                            .appended
+                            .get(&(id, r.offset))
+                            .is_some_and(|ps| ps.contains(&r.payload));
+                        prop_assert!(
+                            ok,
+                            "{}: served partition {id} offset {} ({} B from log position {}), \
+                             which was never appended there",
+                            img.label,
+                            r.offset,
+                            r.payload.len(),
+                            r.position
+                        );
+                        prop_assert!(r.offset >= at, "served offset {} below {at}", r.offset);
+                    }
+                    served_total += recs.len() as u64;
+                    at = next.max(at + 1);
+                }
+                Err(e) => {
+                    prop_assert!(!e.to_string().is_empty());
+                    READ_ERRORS.fetch_add(1, Ordering::Relaxed);
+                    read_errors += 1;
+                    // Skip the batch that failed and go on reading past it.
+                    let shared = w.shared();
+                    let s = shared.lock();
+                    let skip = s
+                        .partitions
+                        .get(&id)
+                        .and_then(|v| v.locate(at))
+                        .map_or(at + 1, |e| e.end_offset);
+                    at = skip.max(at + 1);
+                }
+            }
+        }
+    }
+    if muts.is_empty() {
+        // An undamaged log: every partition the writer served before the cut is there, up to at
+        // least the same end (retention may have moved its start), and all of it reads back.
+        for (id, _, end_before) in &img.live_parts {
+            let after = parts_after.iter().find(|p| p.0 == *id);
+            prop_assert!(
+                after.is_some_and(|p| p.2 >= *end_before),
+                "{}: partition {id} ended at {end_before} before the cut, after recovery: {:?}",
+                img.label,
+                after
+            );
+        }
+        let readable: u64 = parts_after.iter().map(|p| p.2 - p.1).sum();
+        prop_assert!(
+            served_total == readable && read_errors == 0,
+            "{}: undamaged log served {served_total} of {readable} records, {read_errors} read errors",
+            img.label
+        );
+    }
+    SERVED.fetch_add(served_total, Ordering::Relaxed);
+    // The writer keeps running over what it recovered: a few appends must not panic either.
+    let ids: Vec<u32> = partitions(&w).iter().map(|p| p.0).collect();
+    if let Some(&id) = ids.first() {
+        for i in 0..3u8 {
+            w.submit(Request::Append {
+                partition: id,
+                payload: vec![i; 100],
+                ack: Box::new(|_| {}),
+            });
+        }
+        drive(&mut w, &clock, 5_000, || false);
+    }
+    Ok(())
+}
+
+fn note_case() {
+    let n = CASES_RUN.fetch_add(1, Ordering::Relaxed) + 1;
+    if n == u64::from(cases(MUTATION_CASES)) {
+        println!(
+            "mutated logs: {n} cases, {} opened, {} refused, {} records served (all verified), \
+             {} read errors, {} reads that skipped offsets",
+            OPENED.load(Ordering::Relaxed),
+            REFUSED.load(Ordering::Relaxed),
+            SERVED.load(Ordering::Relaxed),
+            READ_ERRORS.load(Ordering::Relaxed),
+            GAPS.load(Ordering::Relaxed),
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(MUTATION_CASES), ..ProptestConfig::default() })]
+
+    /// Strategy 2: a real log with arbitrary damage.
+    #[test]
+    fn mutated_logs_never_panic_nor_serve_wrong_bytes(
+        which in 0usize..6,
+        muts in vec(mutation(), 0..7),
+    ) {
+        let t0 = std::time::Instant::now();
+        let r = recover_mutated(which, &muts);
+        if t0.elapsed() > Duration::from_millis(30) { eprintln!("SLOW {:?} {which} {muts:?} -> {r:?}", t0.elapsed()); }
+        r?;
+        note_case();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strategy 1: a device of random bytes.
+
+/// Log area of the random device: 256 KiB after the 2 MiB of superblocks.
+const RANDOM_LOG: u64 = 256 << 10;
+
+/// Superblock fields to plant: mostly a valid geometry, with positions near 0, near u64::MAX, or
+/// anywhere.
+fn planted_superblock() -> impl Strategy<Value = Superblock> {
+    let unit = prop_oneof![
+        Just(512u32),
+        Just(4096u32),
+        Just(8192u32),
+        Just(65536u32),
+        Just(1u32 << 20),
+        any::<u32>()
+    ];
+    (
+        unit,
+        (4u64..64, 1u32..4, 1u64..4),
+        (0u8..3, 0u64..512, any::<u64>()),
+        (0u64..4, 0u64..4, 0u64..8, any::<bool>()),
+        (any::<u64>(), any::<u32>(), 0u64..4),
+    )
+        .prop_map(
+            |(
+                u,
+                (log_k, mb_k, w_k),
+                (where_, k, anywhere),
+                (rp_k, cp_k, dt_k, es_rp),
+                (fid, link, ep),
+            )| {
+                let u64u = u64::from(u).max(1);
+                let base = match where_ {
+                    0 => k * u64u,
+                    1 => (u64::MAX / u64u).wrapping_sub(k % 16) * u64u,
+                    _ => anywhere,
+                };
+                let rp = base.wrapping_add(rp_k * u64u);
+                let max_batch = mb_k.wrapping_mul(u);
+                Superblock {
+                    format_id: fid,
+                    copy: 0,
+                    sequence: 1,
+                    parent: 0,
+                    write_unit: u,
+                    log_start: LOG_START,
+                    log_size: log_k * u64u,
+                    max_batch,
+                    head: base,
+                    recovery_point: rp,
+                    recovery_link: link,
+                    checkpoint: base.wrapping_add(cp_k.min(rp_k) * u64u),
+                    durable_through: rp.wrapping_add(dt_k * 512),
+                    epoch: ep,
+                    epoch_start: if es_rp { rp } else { base },
+                    window: w_k * u64::from(max_batch),
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(48), ..ProptestConfig::default() })]
+
+    /// Random bytes hold no log: recovery refuses them, with or without planted superblocks that
+    /// pass their CRC (no checkpoint batch can check at their recovery point).
+    #[test]
+    fn random_devices_are_refused(
+        seed in any::<u64>(),
+        logical in prop_oneof![Just(512u32), Just(4096u32)],
+        plant in prop::option::of((planted_superblock(), 0u8..3)),
+    ) {
+        let capacity = LOG_START + RANDOM_LOG;
+        let mut cfg = SimConfig::new(seed, capacity);
+        cfg.logical_block_size = logical;
+        cfg.physical_block_size = 4096;
+        let (mut dev, handle) = SimDevice::new(cfg);
+        let mut bytes = vec![0u8; capacity as usize];
+        Rng::new(seed).fill(&mut bytes);
+        handle.poke_durable(0, &bytes);
+        if let Some((a, which)) = plant {
+            // 0: copy A only, 1: copy B only, 2: both, chained.
+            let b = Superblock { copy: 1, sequence: 2, parent: a.checksum(), ..a };
+            if which != 1 {
+                handle.poke_durable(superblock_offset(0), &a.encode());
+            }
+            if which != 0 {
+                handle.poke_durable(superblock_offset(1), &b.encode());
+            }
+        }
+        match recovery::recover(&mut dev) {
+            Ok((resume, report)) => prop_assert!(
+                false,
+                "random bytes recovered: tail {}, {report}",
+                resume.tail
+            ),
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strategy 3: the decoders, directly.
+
+fn any_bytes() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![3 => vec(any::<u8>(), 0..200), 1 => vec(any::<u8>(), 0..4096)]
+}
+
+fn write_unit() -> impl Strategy<Value = u32> {
+    prop_oneof![
+        Just(512u32),
+        Just(1024),
+        Just(4096),
+        Just(8192),
+        Just(65536),
+        Just(1 << 20)
+    ]
+}
+
+fn any_format_id() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(FORMAT_ID), any::<u64>()]
+}
+
+fn position() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        (0u64..64).prop_map(|k| k * 512),
+        any::<u64>(),
+        (0u64..4).prop_map(|k| u64::MAX - k)
+    ]
+}
+
+fn record_kind() -> impl Strategy<Value = RecordKind> {
+    prop_oneof![
+        Just(RecordKind::Data),
+        Just(RecordKind::CreatePartition),
+        Just(RecordKind::Checkpoint),
+        Just(RecordKind::DeletePartition)
+    ]
+}
+
+fn batch_kind() -> impl Strategy<Value = BatchKind> {
+    prop_oneof![Just(BatchKind::Records), Just(BatchKind::Checkpoint)]
+}
+
+/// A batch header with arbitrary fields (a valid CRC over inconsistent contents).
+fn any_header() -> impl Strategy<Value = BatchHeader> {
+    (
+        (any_format_id(), any::<u64>(), position()),
+        (
+            prop_oneof![1 => any::<u32>(), 3 => (0u32..4).prop_map(|k| k * 512)],
+            prop_oneof![1 => any::<u32>(), 3 => 0u32..12],
+        ),
+        (any::<u64>(), any::<u32>(), batch_kind(), any::<u64>()),
+    )
+        .prop_map(
+            |((format_id, epoch, position), (length, record_count), (dt, prev, kind, ts))| {
+                BatchHeader {
+                    format_id,
+                    epoch,
+                    position,
+                    length,
+                    record_count,
+                    durable_through: dt,
+                    prev_hash: prev,
+                    kind,
+                    timestamp_ms: ts,
+                }
+            },
+        )
+}
+
+/// A checkpoint payload in the registry encoding, with arbitrary ids, counts and name lengths.
+fn registry_bytes() -> impl Strategy<Value = Vec<u8>> {
+    (
+        any::<u32>(),
+        prop_oneof![
+            Just(None),
+            any::<u32>().prop_map(Some),
+            (0u32..8).prop_map(Some)
+        ],
+        vec(
+            (
+                prop_oneof![any::<u32>(), 0u32..8, Just(u32::MAX)],
+                any::<u32>(),
+                any::<u64>(),
+                any::<u64>(),
+                prop_oneof![
+                    vec(any::<u8>(), 0..12),
+                    "[a-z]{0,12}".prop_map(String::into_bytes)
+                ],
+                prop::option::of(any::<u16>()),
+            ),
+            0..6,
+        ),
+        0usize..4,
+    )
+        .prop_map(|(next_id, count, entries, trailing)| {
+            let mut out = Vec::new();
+            out.extend_from_slice(&next_id.to_le_bytes());
+            let n = count.unwrap_or(entries.len() as u32);
+            out.extend_from_slice(&n.to_le_bytes());
+            for (id, index, next, start, name, len) in entries {
+                out.extend_from_slice(&id.to_le_bytes());
+                out.extend_from_slice(&index.to_le_bytes());
+                out.extend_from_slice(&next.to_le_bytes());
+                out.extend_from_slice(&start.to_le_bytes());
+                let l = len.unwrap_or(name.len() as u16);
+                out.extend_from_slice(&l.to_le_bytes());
+                out.extend_from_slice(&name);
+            }
+            out.extend(std::iter::repeat_n(0xa5, trailing));
+            out
+        })
+}
+
+type RecordSpec = (RecordKind, u32, u64, Vec<u8>);
+
+fn record_specs() -> impl Strategy<Value = Vec<RecordSpec>> {
+    vec(
+        (
+            record_kind(),
+            prop_oneof![0u32..4, any::<u32>()],
+            prop_oneof![0u64..16, any::<u64>()],
+            prop_oneof![3 => vec(any::<u8>(), 0..64), 1 => vec(any::<u8>(), 0..3000)],
+        ),
+        0..8,
+    )
+}
+
+/// How a built batch is damaged before it is checked.
+#[derive(Debug, Clone)]
+struct BatchDamage {
+    /// Re-encode the header (valid CRC) with these fields changed.
+    length: Option<u32>,
+    record_count: Option<u32>,
+    kind: Option<BatchKind>,
+    /// Keep only this many bytes (modulo the length + 1).
+    truncate: Option<usize>,
+    /// Append this many bytes.
+    extend: usize,
+    flips: Vec<(usize, u8)>,
+}
+
+fn batch_damage() -> impl Strategy<Value = BatchDamage> {
+    (
+        prop::option::of(prop_oneof![any::<u32>(), (0u32..16).prop_map(|k| k * 512)]),
+        prop::option::of(prop_oneof![any::<u32>(), 0u32..12]),
+        prop::option::of(batch_kind()),
+        prop::option::of(any::<usize>()),
+        0usize..600,
+        vec((any::<usize>(), 0u8..8), 0..3),
+    )
+        .prop_map(
+            |(length, record_count, kind, truncate, extend, flips)| BatchDamage {
+                length,
+                record_count,
+                kind,
+                truncate,
+                extend,
+                flips,
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(1024), ..ProptestConfig::default() })]
+
+    #[test]
+    fn superblock_decode_never_panics(bytes in any_bytes(), slot in any::<u8>()) {
+        let _ = Superblock::decode(&bytes, slot);
+    }
+
+    #[test]
+    fn superblocks_with_a_valid_crc_decode_or_say_why(
+        sb in planted_superblock(),
+        copy in any::<u8>(),
+        sequence in any::<u64>(),
+        log_start in prop_oneof![Just(LOG_START), any::<u64>()],
+        window in prop_oneof![Just(None), any::<u64>().prop_map(Some)],
+        slot in 0u8..2,
+        tail in vec(any::<u8>(), 0..64),
+    ) {
+        let sb = Superblock { copy, sequence, log_start, window: window.unwrap_or(sb.window), ..sb };
+        let mut bytes = sb.encode().to_vec();
+        bytes.extend_from_slice(&tail);
+        if let Ok(back) = Superblock::decode(&bytes, slot) {
+            prop_assert_eq!(back, sb);
+        }
+        let _ = Superblock::decode(&bytes[..bytes.len().min(SUPERBLOCK_LEN - 1)], slot);
+    }
+
+    #[test]
+    fn batch_header_decode_never_panics(
+        bytes in any_bytes(),
+        fid in any_format_id(),
+        pos in position(),
+        u in write_unit(),
+    ) {
+        let _ = BatchHeader::decode(&bytes, fid, pos, u);
+    }
+
+    #[test]
+    fn batch_headers_with_a_valid_crc_decode_or_say_why(
+        h in any_header(),
+        fid in any_format_id(),
+        same_place in any::<bool>(),
+        pos in position(),
+        u in write_unit(),
+        tail in vec(any::<u8>(), 0..1600),
+    ) {
+        let mut bytes = vec![0u8; BATCH_HEADER_LEN];
+        h.encode(&mut bytes);
+        bytes.extend_from_slice(&tail);
+        let at = if same_place { h.position } else { pos };
+        let _ = BatchHeader::decode(&bytes, fid, at, u);
+        let _ = BatchHeader::decode(&bytes, h.format_id, at, u);
+        // A valid header over arbitrary records: the record checks fail, never panic.
+        let _ = check_batch(&bytes, h.format_id, at, u, |_| {});
+    }
+
+    #[test]
+    fn record_decode_never_panics(
+        bytes in any_bytes(),
+        fid in any_format_id(),
+        pos in position(),
+        epoch in any::<u64>(),
+    ) {
+        let _ = RecordHeader::decode(&bytes, fid, pos, epoch);
+    }
+
+    #[test]
+    fn records_with_a_valid_crc_decode_or_say_why(
+        (kind, partition, offset, payload) in (record_kind(), any::<u32>(), any::<u64>(), vec(any::<u8>(), 0..300)),
+        pos in position(),
+        epoch in any::<u64>(),
+        fid in any_format_id(),
+        cut in any::<usize>(),
+        flip in prop::option::of((any::<usize>(), 0u8..8)),
+    ) {
+        let h = RecordHeader { len: payload.len() as u32, kind, partition, offset, position: pos, epoch };
+        let mut buf = vec![0u8; nvmq_log::format::record_size(payload.len())];
+        h.encode(fid, &payload, &mut buf);
+        let clean = RecordHeader::decode(&buf, fid, pos, epoch);
+        prop_assert!(clean.is_ok(), "a clean record does not decode: {:?}", clean);
+        let (back, p) = clean.unwrap();
+        prop_assert_eq!(back, h);
+        prop_assert_eq!(p, &payload[..]);
+        if let Some((i, bit)) = flip {
+            let i = i % buf.len();
+            buf[i] ^= 1 << bit;
+        }
+        let keep = cut % (buf.len() + 1);
+        let _ = RecordHeader::decode(&buf[..keep], fid, pos, epoch);
+        let _ = RecordHeader::decode(&buf, fid, pos.wrapping_add(8), epoch);
+        let _ = RecordHeader::decode(&buf, fid, pos, epoch.wrapping_add(1));
+    }
+
+    #[test]
+    fn check_batch_never_panics(
+        bytes in prop_oneof![any_bytes(), vec(any::<u8>(), 4096..8193)],
+        fid in any_format_id(),
+        pos in position(),
+        u in write_unit(),
+    ) {
+        let _ = check_batch(&bytes, fid, pos, u, |_| {});
+    }
+
+    #[test]
+    fn built_batches_check_and_damaged_ones_never_panic(
+        recs in record_specs(),
+        pos in prop_oneof![(0u64..1024).prop_map(|k| k * 512), (0u64..1 << 40).prop_map(|k| k * 512)],
+        epoch in any::<u64>(),
+        u in prop_oneof![Just(512u32), Just(4096u32)],
+        kind in batch_kind(),
+        damage in batch_damage(),
+    ) {
+        let used: usize = BATCH_HEADER_LEN
+            + recs.iter().map(|r| nvmq_log::format::record_size(r.3.len())).sum::<usize>();
+        let cap = used.div_ceil(u as usize) * u as usize;
+        let mut buf = vec![0u8; cap];
+        let mut b = BatchBuilder::new(&mut buf, FORMAT_ID, epoch, pos);
+        for (k, part, off, p) in &recs {
+            b.push(*k, *part, *off, p);
+        }
+        let (len, _) = b.finish(u as usize, kind, 7, 9, 11);
+        prop_assert_eq!(len, cap);
+        let kinds_fit = recs.iter().all(|r| match kind {
+            BatchKind::Checkpoint => r.0 == RecordKind::Checkpoint,
+            BatchKind::Records => r.0 != RecordKind::Checkpoint,
+        });
+        let mut seen = Vec::new();
+        let clean = check_batch(&buf, FORMAT_ID, pos, u, |r| seen.push((r.header.offset, r.payload.to_vec())));
+        if kinds_fit {
+            prop_assert!(clean.is_ok(), "a clean batch does not check: {:?}", clean);
+            let want: Vec<_> = recs.iter().map(|r| (r.2, r.3.clone())).collect();
+            prop_assert_eq!(seen, want);
+        } else {
+            prop_assert!(clean.is_err());
+        }
+
+        // Damage: a re-encoded header with inconsistent fields, truncation, extension, flips.
+        let (mut h, _) = BatchHeader::decode(&buf, FORMAT_ID, pos, u).expect("clean header");
+        if let Some(l) = damage.length { h.length = l; }
+        if let Some(c) = damage.record_count { h.record_count = c; }
+        if let Some(k) = damage.kind { h.kind = k; }
+        h.encode(&mut buf[..BATCH_HEADER_LEN]);
+        buf.extend(std::iter::repeat_n(0u8, damage.extend));
+        for (i, bit) in &damage.flips {
+            let i = i % buf.len();
+            buf[i] ^= 1 << bit;
+        }
+        if let Some(t) = damage.truncate {
+            buf.truncate(t % (buf.len() + 1));
+        }
+        let _ = check_batch(&buf, FORMAT_ID, pos, u, |_| {});
+        // The record checks alone, under a header that decodes, over bytes of any length.
+        if let Ok((hd, _)) = BatchHeader::decode(&buf, FORMAT_ID, pos, u) {
+            let _ = check_records(&hd, &buf, |_| {});
+            for keep in [buf.len() / 2, buf.len().saturating_sub(1), buf.len().saturating_sub(5)] {
+                let _ = check_records(&hd, &buf[..keep], |_| {});
+            }
+        }
+    }
+
+    #[test]
+    fn registry_decode_never_panics(
+        bytes in prop_oneof![any_bytes(), registry_bytes()],
+    ) {
+        if let Ok(reg) = Registry::decode(&bytes) {
+            // What decodes re-encodes into something that decodes.
+            prop_assert!(Registry::decode(&reg.encode()).is_ok());
+        }
+    }
+
+    #[test]
+    fn decode_create_never_panics(bytes in any_bytes()) {
+        if let Ok((topic, index)) = decode_create(&bytes) {
+            prop_assert_eq!(nvmq_log::state::encode_create(&topic, index), bytes);
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! `nvmq bench`: closed-loop producers against a device, printing what group commit achieves.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use blockdev::{BlockDevice, IoBuffer};
+use crossbeam::channel::{unbounded, Sender};
+use hdrhistogram::Histogram;
+use nvmq_log::format::LOG_START;
+use nvmq_log::{FlushMode, FormatOptions, Log, LogConfig, LogError};
+use serde::Serialize;
+
+use crate::devspec::DeviceSpec;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Device: `file:<path>` (created if missing), or `sim[:flush=4.4ms,write=20us,capacity=4G,plp=false,serialize=false]`.
+    #[arg(long, default_value = "file:./nvmq-data/bench.img")]
+    pub device: String,
+    /// Size of a device file the bench creates.
+    #[arg(long, default_value = "1G")]
+    pub size: String,
+    /// Closed-loop producer counts to run, one scenario each (each waits for its ack before sending again).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256")]
+    pub producers: Vec<usize>,
+    /// Record payload sizes in bytes, one scenario each.
+    #[arg(long, value_delimiter = ',', default_value = "100,1024")]
+    pub record_size: Vec<usize>,
+    /// How long each scenario runs.
+    #[arg(long, default_value = "3s")]
+    pub duration: String,
+    /// always (ack after flush), interval:<ms>, never.
+    #[arg(long, default_value = "always")]
+    pub flush: String,
+    /// Flushes the writer keeps in flight.
+    #[arg(long, default_value_t = 4)]
+    pub flushes_in_flight: usize,
+    /// Format an existing file that is not the bench's own default file.
+    #[arg(long)]
+    pub force: bool,
+    /// Print results as JSON (one object) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct DeviceBaseline {
+    pub write_p50_us: f64,
+    pub flush_p50_us: f64,
+    pub flush_p99_us: f64,
+    /// Single writer, 4 KiB write + flush in a loop: operations per second.
+    pub write_flush_per_s: f64,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct Scenario {
+    pub producers: usize,
+    pub record_size: usize,
+    pub seconds: f64,
+    pub acks: u64,
+    pub acks_per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub flushes_per_s: f64,
+    pub records_per_flush: f64,
+    pub write_amplification: f64,
+    /// Acks/s over the single-writer write+flush rate of the same device.
+    pub vs_single_writer: f64,
+}
+
+#[derive(Serialize, Debug)]
+pub struct Report {
+    pub device: String,
+    pub identity: String,
+    pub volatile_write_cache: bool,
+    pub write_unit: u32,
+    pub flush_mode: String,
+    pub baseline: DeviceBaseline,
+    pub memory_cap_bytes: u64,
+    pub scenarios: Vec<Scenario>,
+}
+
+const DEFAULT_BENCH_FILE: &str = "./nvmq-data/bench.img";
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let spec: DeviceSpec = args.device.parse()?;
+    let size = crate::devspec::parse_size(&args.size)?;
+    let duration = crate::devspec::parse_duration(&args.duration)?;
+    let flush: FlushMode = args.flush.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    if args.producers.is_empty() || args.producers.contains(&0) {
+        bail!("--producers wants positive counts, e.g. 1,8,64");
+    }
+    if let DeviceSpec::File(p) = &spec {
+        let own = p == std::path::Path::new(DEFAULT_BENCH_FILE);
+        if p.exists() && !own && !args.force {
+            bail!(
+                "{} exists; the bench formats its device. Pass --force to format it, or name a new file",
+                p.display()
+            );
+        }
+    }
+    let mut dev = spec.open(Some(size), |_| Ok(()))?;
+    let baseline = measure_baseline(&mut *dev)?;
+    let info = dev.info().clone();
+    let fmt = FormatOptions::default();
+    nvmq_log::mkfs::format(&mut *dev, &fmt).context("formatting the bench device")?;
+    let cfg = LogConfig {
+        flush,
+        max_flushes_in_flight: args.flushes_in_flight,
+        ..LogConfig::default()
+    };
+    let (writer, _report) =
+        recovery::open(dev, cfg.clone()).context("opening the formatted device")?;
+    let queue = cfg.queue_capacity;
+    let log = Log::start(writer, queue);
+    let mut partitions = Vec::new();
+    for i in 0..16 {
+        partitions.push(log.create_partition("bench", i)?);
+    }
+    let max_record = *args.record_size.iter().max().unwrap_or(&0);
+    let max_producers = *args.producers.iter().max().unwrap_or(&1);
+    // Bounded by: the request queue, one record per producer outside it, and the writer's batch
+    // buffers (2 x writes in flight + 2, each a maximum batch).
+    let memory_cap = (queue.max(max_producers) * (max_record + 64)) as u64
+        + (2 * cfg.max_writes_in_flight as u64 + 2) * u64::from(fmt.max_batch);
+    if !args.json {
+        println!(
+            "device {} ({}), write unit {} B, volatile write cache: {}, flush mode {}",
+            args.device,
+            info.identity,
+            info.write_unit(),
+            info.volatile_write_cache,
+            args.flush
+        );
+        println!(
+            "device alone (1 writer, 4 KiB write + flush): write p50 {:.0} us, flush p50 {:.0} us, flush p99 {:.0} us, {:.0} write+flush/s",
+            baseline.write_p50_us, baseline.flush_p50_us, baseline.flush_p99_us, baseline.write_flush_per_s
+        );
+        println!(
+            "memory cap with {max_producers} producers: {:.1} MiB",
+            memory_cap as f64 / (1 << 20) as f64
+        );
+        println!(
+            "{:>9} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>8}",
+            "producers",
+            "bytes",
+            "acks/s",
+            "p50 us",
+            "p99 us",
+            "p999 us",
+            "max us",
+            "flushes/s",
+            "rec/flush",
+            "WA",
+            "x single"
+        );
+    }
+    let mut scenarios = Vec::new();
+    for &size in &args.record_size {
+        for &p in &args.producers {
+            let s = scenario(&log, &partitions, p, size, duration, &baseline)?;
+            if !args.json {
+                println!(
+                    "{:>9} {:>7} {:>11.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>9.1} {:>6.2} {:>8.1}",
+                    s.producers, s.record_size, s.acks_per_s, s.p50_us, s.p99_us, s.p999_us, s.max_us,
+                    s.flushes_per_s, s.records_per_flush, s.write_amplification, s.vs_single_writer
+                );
+            }
+            scenarios.push(s);
+        }
+    }
+    if let Some(f) = log.fatal() {
+        bail!("the writer stopped: {f}");
+    }
+    log.shutdown();
+    if args.json {
+        let report = Report {
+            device: args.device.clone(),
+            identity: info.identity.clone(),
+            volatile_write_cache: info.volatile_write_cache,
+            write_unit: info.write_unit(),
+            flush_mode: args.flush.clone(),
+            baseline,
+            memory_cap_bytes: memory_cap,
+            scenarios,
+        };
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}
+
+/// The device alone: one writer doing 4 KiB write + flush in a loop, for about a second.
+fn measure_baseline(dev: &mut dyn BlockDevice) -> Result<DeviceBaseline> {
+    let mut w = Histogram::<u64>::new(3)?;
+    let mut f = Histogram::<u64>::new(3)?;
+    let unit = dev.info().write_unit() as usize;
+    let mut buf: Option<IoBuffer> = Some(dev.alloc_buffer(unit)?);
+    let lba = LOG_START / u64::from(dev.info().logical_block_size);
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < Duration::from_secs(1) && n < 2000 {
+        let Some(mut b) = buf.take() else { break };
+        b.fill((n & 0xff) as u8);
+        let t = Instant::now();
+        let b = blockdev::write_sync(
+            dev,
+            lba + (n % 64) * (unit as u64 / u64::from(dev.info().logical_block_size)),
+            b,
+        )?;
+        let t2 = Instant::now();
+        blockdev::flush_sync(dev)?;
+        let t3 = Instant::now();
+        w.record((t2 - t).as_nanos() as u64)?;
+        f.record((t3 - t2).as_nanos() as u64)?;
+        buf = Some(b);
+        n += 1;
+    }
+    let total = start.elapsed().as_secs_f64();
+    Ok(DeviceBaseline {
+        write_p50_us: w.value_at_quantile(0.5) as f64 / 1e3,
+        flush_p50_us: f.value_at_quantile(0.5) as f64 / 1e3,
+        flush_p99_us: f.value_at_quantile(0.99) as f64 / 1e3,
+        write_flush_per_s: n as f64 / total,
+    })
+}
+
+/// One closed-loop scenario. Producers are logical: an ack hands the producer back to a few
+/// driver threads, which send its next record, so 1024 producers need no 1024 threads.
+fn scenario(
+    log: &Log,
+    partitions: &[u32],
+    producers: usize,
+    size: usize,
+    duration: Duration,
+    baseline: &DeviceBaseline,
+) -> Result<Scenario> {
+    let (ready_tx, ready_rx) = unbounded::<(usize, Instant)>();
+    let stop = Arc::new(AtomicBool::new(false));
+    let failed: Arc<std::sync::Mutex<Option<LogError>>> = Arc::default();
+    let payload = vec![0x5au8; size];
+    let started = Instant::now();
+    let drivers = 2usize.min(producers);
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    // Every producer starts with one record in flight.
+    let send = |p: usize,
+                tx: &Sender<(usize, Instant)>,
+                failed: &Arc<std::sync::Mutex<Option<LogError>>>|
+     -> Result<(), LogError> {
+        let tx = tx.clone();
+        let failed = failed.clone();
+        let t = Instant::now();
+        log.append(
+            partitions[p % partitions.len()],
+            payload.clone(),
+            Box::new(move |r| match r {
+                Ok(_) => {
+                    let _ = tx.send((p, t));
+                }
+                Err(e) => {
+                    if let Ok(mut f) = failed.lock() {
+                        *f = Some(e);
+                    }
+                    let _ = tx.send((usize::MAX, t));
+                }
+            }),
+        )
+    };
+    for p in 0..producers {
+        send(p, &ready_tx, &failed)?;
+    }
+    let warmup = duration / 5;
+    let (hists, mid, end) = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for _ in 0..drivers {
+            let rx = ready_rx.clone();
+            let tx = ready_tx.clone();
+            let stop = stop.clone();
+            let failed = failed.clone();
+            let send = &send;
+            handles.push(s.spawn(move || {
+                let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).ok();
+                while let Ok((p, t)) = rx.recv_timeout(Duration::from_secs(5)) {
+                    if p == usize::MAX {
+                        break;
+                    }
+                    let now = Instant::now();
+                    if now.duration_since(started) > warmup {
+                        if let Some(h) = h.as_mut() {
+                            let _ = h.record(now.duration_since(t).as_nanos() as u64);
+                        }
+                    }
+                    if stop.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    if send(p, &tx, &failed).is_err() {
+                        break;
+                    }
+                }
+                h
+            }));
+        }
+        std::thread::sleep(warmup);
+        let mid = log.stats();
+        std::thread::sleep(duration);
+        stop.store(true, Ordering::Relaxed);
+        let end = log.stats();
+        // Drivers stop sending and drain the records still in flight, so the next scenario
+        // starts clean.
+        let hists: Vec<Histogram<u64>> = handles
+            .into_iter()
+            .filter_map(|h| h.join().ok().flatten())
+            .collect();
+        (hists, mid, end)
+    });
+    let secs = duration.as_secs_f64();
+    for h in &hists {
+        hist.add(h)?;
+    }
+    if let Some(e) = failed.lock().ok().and_then(|f| f.clone()) {
+        bail!("an append failed: {e}");
+    }
+    let acks = end.appends_acked - mid.appends_acked;
+    let flushes = (end.flushes - mid.flushes).max(1);
+    let payload_bytes = (end.payload_bytes_acked - mid.payload_bytes_acked).max(1);
+    let device_bytes = end.device_bytes_written - mid.device_bytes_written;
+    let single = 1.0 / baseline.write_flush_per_s.max(1e-9);
+    Ok(Scenario {
+        producers,
+        record_size: size,
+        seconds: secs,
+        acks,
+        acks_per_s: acks as f64 / secs,
+        p50_us: hist.value_at_quantile(0.5) as f64 / 1e3,
+        p99_us: hist.value_at_quantile(0.99) as f64 / 1e3,
+        p999_us: hist.value_at_quantile(0.999) as f64 / 1e3,
+        max_us: hist.max() as f64 / 1e3,
+        flushes_per_s: flushes as f64 / secs,
+        records_per_flush: acks as f64 / flushes as f64,
+        write_amplification: device_bytes as f64 / payload_bytes as f64,
+        vs_single_writer: (acks as f64 / secs) * single,
+    })
+}
