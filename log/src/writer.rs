@@ -1065,8 +1065,10 @@ impl<D: BlockDevice> Writer<D> {
     /// the recovery point the next superblock names.
     fn wanted_head(&self, rp: u64, now: Now) -> u64 {
         let mut head = self.newest_sb().head;
-        let need = if self.cfg.on_full == OnFull::DropOldest {
-            self.space_needed_head
+        // Free an eighth of the ring at a time: freeing only what the next batch needs would
+        // cost two superblock updates (and their flushes) per batch once the ring is full.
+        let need = if self.cfg.on_full == OnFull::DropOldest && self.space_needed_head > 0 {
+            self.space_needed_head + self.geo.log_size / 8
         } else {
             0
         };
