@@ -311,10 +311,6 @@ impl<D: BlockDevice> Writer<D> {
         self.geo
     }
 
-    pub fn device(&self) -> &D {
-        &self.dev
-    }
-
     /// Gives the device back (for a clean shutdown or a test's power cut).
     pub fn into_device(self) -> D {
         self.dev
@@ -414,13 +410,13 @@ impl<D: BlockDevice> Writer<D> {
         }
         let mut moved = !comps.is_empty();
         for c in comps.drain(..) {
-            self.complete(c, now);
+            self.complete(c);
         }
         self.completions = comps;
         if self.fatal.is_some() {
             return true;
         }
-        self.settle(now);
+        self.settle();
         moved |= self.maybe_superblock(now);
         let waited_for_space = self.space_needed_head;
         moved |= self.maybe_write(now);
@@ -483,7 +479,7 @@ impl<D: BlockDevice> Writer<D> {
         self.fatal = Some(err);
     }
 
-    fn complete(&mut self, c: Completion, now: Now) {
+    fn complete(&mut self, c: Completion) {
         match c.tag & TAG_KIND {
             TAG_WRITE => {
                 if let Some(b) = c.buffer {
@@ -533,11 +529,10 @@ impl<D: BlockDevice> Writer<D> {
             TAG_READ => self.read_done(c),
             _ => {}
         }
-        let _ = now;
     }
 
     /// Moves written-through, D and the acks forward after completions.
-    fn settle(&mut self, now: Now) {
+    fn settle(&mut self) {
         // The contiguous prefix of completed writes.
         for b in &self.batches {
             if b.written && b.position == self.written_through {
@@ -584,11 +579,11 @@ impl<D: BlockDevice> Writer<D> {
                 }
             }
         }
-        self.publish_durable(now);
+        self.publish_durable();
     }
 
     /// Publishes every batch below D to readers and acknowledges it (default mode).
-    fn publish_durable(&mut self, now: Now) {
+    fn publish_durable(&mut self) {
         let mut done: Vec<InFlight> = Vec::new();
         while self
             .batches
@@ -640,7 +635,6 @@ impl<D: BlockDevice> Writer<D> {
                 ack_all(&self.shared, &mut b.acks, b.payload_bytes);
             }
         }
-        let _ = now;
     }
 
     fn maybe_flush(&mut self, now: Now) -> bool {

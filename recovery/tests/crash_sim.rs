@@ -207,22 +207,6 @@ impl World {
         }
     }
 
-    /// Steps the writer until `done` holds, advancing virtual time while it waits on the device.
-    fn drive<D: BlockDevice>(&mut self, w: &mut Writer<D>, mut done: impl FnMut() -> bool) {
-        for _ in 0..100_000 {
-            if done() || w.fatal().is_some() {
-                return;
-            }
-            if !w.step(self.now()) {
-                if w.has_io_in_flight() {
-                    w.wait_device(Duration::from_millis(10));
-                } else {
-                    self.clock.advance(Duration::from_millis(1));
-                }
-            }
-        }
-    }
-
     fn payload(&mut self, producer: usize) -> Vec<u8> {
         self.seq += 1;
         let mut p = format!("s{}e{}p{}q{}:", self.seed, self.era, producer, self.seq).into_bytes();
@@ -287,15 +271,8 @@ impl World {
                         len,
                         reply: Box::new(move |r| s2.lock().unwrap().push(r)),
                     });
-                    let s3 = slot.clone();
-                    let mut steps = 0;
-                    while s3.lock().unwrap().is_empty() && steps < 100_000 && w.fatal().is_none() {
-                        steps += 1;
-                        if !w.step(self_now(&self.clock)) && w.has_io_in_flight() {
-                            w.wait_device(Duration::from_millis(10));
-                        }
-                    }
-                    let r = s3.lock().unwrap().pop();
+                    drive(&self.clock, w, |_| !slot.lock().unwrap().is_empty());
+                    let r = slot.lock().unwrap().pop();
                     r.unwrap_or(Err(LogError::Shutdown))
                 };
                 read_with(&shared, &geo, id, at, 64 << 10, &mut reads)
@@ -412,6 +389,27 @@ impl World {
             }
         }
         Ok(())
+    }
+}
+
+/// Steps the writer until `done` holds (or it stops), advancing virtual time while it waits on
+/// the device, and idle time when nothing is in flight. Every loop of this test goes through here.
+fn drive<D: BlockDevice>(
+    clock: &SimClock,
+    w: &mut Writer<D>,
+    mut done: impl FnMut(&Writer<D>) -> bool,
+) {
+    for _ in 0..100_000 {
+        if done(w) || w.fatal().is_some() {
+            return;
+        }
+        if !w.step(self_now(clock)) {
+            if w.has_io_in_flight() {
+                w.wait_device(Duration::from_millis(10));
+            } else {
+                clock.advance(Duration::from_millis(1));
+            }
+        }
     }
 }
 
@@ -554,7 +552,9 @@ fn run(seed: u64, cuts: u64, knobs: Knobs) -> Result<Summary, String> {
                     ack: Box::new(move |r| d.lock().unwrap().push(r)),
                 });
             }
-            world.drive(&mut w, || done.lock().unwrap().len() == PARTITIONS as usize);
+            drive(&world.clock, &mut w, |_| {
+                done.lock().unwrap().len() == PARTITIONS as usize
+            });
             if w.fatal().is_none() {
                 for r in done.lock().unwrap().iter() {
                     match r {
@@ -695,30 +695,12 @@ fn run(seed: u64, cuts: u64, knobs: Knobs) -> Result<Summary, String> {
             return Err(fail(seed, "could not open before bit rot".into()));
         };
         let idle = world.log_cfg.idle_superblock;
-        for _ in 0..3 {
-            world.drive(&mut w, || false);
-            world.clock.advance(idle * 2);
-        }
-        let w_idle = {
-            let mut n = 0;
-            while !w.is_idle() && n < 1000 {
-                n += 1;
-                if !w.step(world.now()) {
-                    w.wait_device(Duration::from_millis(10));
-                }
-            }
-            world.clock.advance(idle * 2);
-            for _ in 0..200 {
-                if !w.step(world.now()) {
-                    if w.has_io_in_flight() {
-                        w.wait_device(Duration::from_millis(10));
-                    } else {
-                        break;
-                    }
-                }
-            }
-            w.is_idle()
-        };
+        // Drain, let the idle superblock update run, drain again.
+        drive(&world.clock, &mut w, |w| w.is_idle());
+        world.clock.advance(idle * 2);
+        let _ = w.step(world.now());
+        drive(&world.clock, &mut w, |w| w.is_idle());
+        let w_idle = w.is_idle();
         let shared = w.shared();
         let candidates: Vec<(u32, u64, u64)> = {
             let s = shared.lock();
