@@ -40,8 +40,22 @@ impl<'a> BatchBuilder<'a> {
         self.count
     }
 
-    /// Adds one record; the caller checked it fits with `would_use`. Returns its position.
+    /// Adds one record holding one offset if it is data; the caller checked it fits with
+    /// `would_use`. Returns its position.
     pub fn push(&mut self, kind: RecordKind, partition: u32, offset: u64, payload: &[u8]) -> u64 {
+        let span = u32::from(kind == RecordKind::Data);
+        self.push_span(kind, partition, offset, span, payload)
+    }
+
+    /// Adds one record holding `span` offsets from `offset` (0 for records that are not data).
+    pub fn push_span(
+        &mut self,
+        kind: RecordKind,
+        partition: u32,
+        offset: u64,
+        span: u32,
+        payload: &[u8],
+    ) -> u64 {
         let position = self.position + self.used as u64;
         let size = record_size(payload.len());
         let h = RecordHeader {
@@ -49,6 +63,7 @@ impl<'a> BatchBuilder<'a> {
             kind,
             partition,
             offset,
+            span,
             position,
             epoch: self.epoch,
         };

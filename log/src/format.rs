@@ -21,7 +21,7 @@ pub const SUPERBLOCK_LEN: usize = 128;
 /// Encoded batch header length; records follow it.
 pub const BATCH_HEADER_LEN: usize = 64;
 /// Encoded record header length; the payload follows it. Records are padded to 8 bytes.
-pub const RECORD_HEADER_LEN: usize = 40;
+pub const RECORD_HEADER_LEN: usize = 48;
 
 /// Byte offset of superblock copy `copy` (0 = A, 1 = B).
 pub fn superblock_offset(copy: u8) -> u64 {
@@ -385,7 +385,12 @@ pub struct RecordHeader {
     pub len: u32,
     pub kind: RecordKind,
     pub partition: u32,
+    /// First offset of the partition this record holds.
     pub offset: u64,
+    /// How many consecutive offsets the record holds: 1 for a plain append, the message count
+    /// for a Kafka record batch stored whole; 0 for records that hold no offsets (checkpoints,
+    /// partition creation).
+    pub span: u32,
     pub position: u64,
     pub epoch: u64,
 }
@@ -414,6 +419,8 @@ impl RecordHeader {
             w.u64(self.offset);
             w.u64(self.position);
             w.u64(self.epoch);
+            w.u32(self.span);
+            w.u32(0);
         }
         let end = RECORD_HEADER_LEN + payload.len();
         out[RECORD_HEADER_LEN..end].copy_from_slice(payload);
@@ -443,6 +450,7 @@ impl RecordHeader {
         let offset = r.u64();
         let pos = r.u64();
         let ep = r.u64();
+        let span = r.u32();
         let end = RECORD_HEADER_LEN
             .checked_add(len as usize)
             .ok_or("record length overflows")?;
@@ -460,12 +468,22 @@ impl RecordHeader {
             return Err("record epoch differs from its batch");
         }
         let kind = RecordKind::from_u16(kind).ok_or("unknown record kind")?;
+        if (kind == RecordKind::Data) != (span > 0) {
+            return Err("record span does not fit its kind");
+        }
+        if offset
+            .checked_add(u64::from(span))
+            .is_none_or(|end| end >= 1 << 63)
+        {
+            return Err("record offsets overflow");
+        }
         Ok((
             RecordHeader {
                 len,
                 kind,
                 partition,
                 offset,
+                span,
                 position,
                 epoch,
             },

@@ -83,6 +83,18 @@ impl Log {
     /// Queues an append; `ack` is called once it is durable (or failed). Blocks while the queue
     /// is full.
     pub fn append(&self, partition: u32, payload: Vec<u8>, ack: AckFn) -> Result<(), LogError> {
+        self.append_span(partition, payload, 1, ack)
+    }
+
+    /// Queues an append of one record that takes `span` consecutive offsets (a Kafka record
+    /// batch of `span` messages, stored whole); the ack names the first.
+    pub fn append_span(
+        &self,
+        partition: u32,
+        payload: Vec<u8>,
+        span: u32,
+        ack: AckFn,
+    ) -> Result<(), LogError> {
         if payload.len() > self.max_payload {
             return Err(LogError::RecordTooLarge {
                 len: payload.len(),
@@ -92,6 +104,7 @@ impl Log {
         self.send(Request::Append {
             partition,
             payload,
+            span,
             ack,
         })
     }
@@ -251,7 +264,10 @@ fn run<D: BlockDevice>(mut w: Writer<D>, rx: Receiver<Request>, queue_capacity: 
                     got = true;
                 }
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => closing = true,
+                Err(TryRecvError::Disconnected) => {
+                    closing = true;
+                    w.close();
+                }
             }
         }
         let moved = w.step(now());
@@ -269,7 +285,8 @@ fn run<D: BlockDevice>(mut w: Writer<D>, rx: Receiver<Request>, queue_capacity: 
         if w.has_io_in_flight() {
             w.wait_device(DEVICE_WAIT_SLICE);
         } else if closing {
-            continue;
+            // Appends still waiting for space (on_full = refuse) fail after full_wait.
+            std::thread::sleep(Duration::from_millis(1));
         } else {
             // Appends still waiting (for space or the window) want the writer back soon; an idle
             // writer only needs to wake for its idle superblock update.
@@ -281,7 +298,10 @@ fn run<D: BlockDevice>(mut w: Writer<D>, rx: Receiver<Request>, queue_capacity: 
             match rx.recv_timeout(nap) {
                 Ok(r) => w.submit(r),
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => closing = true,
+                Err(RecvTimeoutError::Disconnected) => {
+                    closing = true;
+                    w.close();
+                }
             }
         }
     }

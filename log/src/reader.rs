@@ -9,7 +9,10 @@ use crate::{Log, LogError};
 /// A record served to a reader.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
+    /// First offset the record holds.
     pub offset: u64,
+    /// Offsets it holds (1 unless it was appended with a span).
+    pub span: u32,
     pub position: u64,
     pub payload: Vec<u8>,
 }
@@ -87,6 +90,7 @@ pub fn read_with(
                 if r.header.partition == partition && r.header.kind == RecordKind::Data {
                     got.push(Record {
                         offset: r.header.offset,
+                        span: r.header.span,
                         position: r.header.position,
                         payload: r.payload.to_vec(),
                     });
@@ -106,10 +110,15 @@ pub fn read_with(
                 fault.to_string(),
             ));
         }
-        // The batch must hold exactly the offsets the index says, in order.
-        let expect: Vec<u64> = (e.first_offset..e.end_offset).collect();
-        let found: Vec<u64> = got.iter().map(|r| r.offset).collect();
-        if found != expect {
+        // The batch must hold exactly the offsets the index says, in order, without gaps.
+        let mut next = e.first_offset;
+        let contiguous = got.iter().all(|r| {
+            let ok = r.offset == next;
+            next = r.offset + u64::from(r.span);
+            ok
+        });
+        if !contiguous || next != e.end_offset {
+            let found: Vec<u64> = got.iter().map(|r| r.offset).collect();
             return Err(corrupt(
                 shared,
                 partition,
@@ -125,9 +134,12 @@ pub fn read_with(
             ));
         }
         let from = want;
-        for r in got.into_iter().filter(|r| r.offset >= from) {
+        for r in got
+            .into_iter()
+            .filter(|r| r.offset + u64::from(r.span) > from)
+        {
             bytes += r.payload.len();
-            want = r.offset + 1;
+            want = r.offset + u64::from(r.span);
             out.push(r);
         }
         if bytes >= max_bytes {

@@ -49,6 +49,8 @@ pub enum Request {
     Append {
         partition: u32,
         payload: Vec<u8>,
+        /// Offsets the record takes (at least 1): a Kafka record batch of n messages takes n.
+        span: u32,
         ack: AckFn,
     },
     CreatePartition {
@@ -105,8 +107,15 @@ const TAG_READ: u64 = 4 << 56;
 const TAG_KIND: u64 = 0xff << 56;
 
 enum Item {
-    Data { partition: u32, payload: Vec<u8> },
-    Create { topic: String, index: u32 },
+    Data {
+        partition: u32,
+        payload: Vec<u8>,
+        span: u32,
+    },
+    Create {
+        topic: String,
+        index: u32,
+    },
 }
 
 struct Pending {
@@ -178,6 +187,9 @@ pub struct Writer<D: BlockDevice> {
     durable: u64,
     flush_requested: u64,
     last_flush_ns: u64,
+    /// The owner is shutting down: flush whatever the relaxed modes left in the cache, so that a
+    /// clean stop loses nothing.
+    closing: bool,
     batches: VecDeque<InFlight>,
     writes_in_flight: usize,
     write_tags: HashMap<u64, u64>,
@@ -256,6 +268,7 @@ impl<D: BlockDevice> Writer<D> {
             durable: resume.tail,
             flush_requested: resume.tail,
             last_flush_ns: 0,
+            closing: false,
             batches: VecDeque::new(),
             writes_in_flight: 0,
             write_tags: HashMap::new(),
@@ -325,6 +338,11 @@ impl<D: BlockDevice> Writer<D> {
         self.fatal.as_ref()
     }
 
+    /// Shutting down: from now on every write is flushed at once, whatever the flush mode.
+    pub fn close(&mut self) {
+        self.closing = true;
+    }
+
     /// The writer has nothing queued and nothing on the device.
     pub fn is_idle(&self) -> bool {
         self.pending.is_empty()
@@ -356,8 +374,15 @@ impl<D: BlockDevice> Writer<D> {
             Request::Append {
                 partition,
                 payload,
+                span,
                 ack,
             } => {
+                if span == 0 {
+                    ack(Err(LogError::Config(
+                        "an append must take at least one offset".into(),
+                    )));
+                    return;
+                }
                 if payload.len() > self.max_payload() {
                     ack(Err(LogError::RecordTooLarge {
                         len: payload.len(),
@@ -366,7 +391,11 @@ impl<D: BlockDevice> Writer<D> {
                     return;
                 }
                 self.pending.push_back(Pending {
-                    item: Item::Data { partition, payload },
+                    item: Item::Data {
+                        partition,
+                        payload,
+                        span,
+                    },
                     ack,
                 });
             }
@@ -650,6 +679,7 @@ impl<D: BlockDevice> Writer<D> {
             return false;
         }
         let urgent = sb_waiting
+            || self.closing
             || self.window_full()
             || self
                 .batches
@@ -825,22 +855,27 @@ impl<D: BlockDevice> Writer<D> {
                 break;
             };
             match p.item {
-                Item::Data { partition, payload } => {
+                Item::Data {
+                    partition,
+                    payload,
+                    span,
+                } => {
                     let Some(st) = self.registry.get_mut(partition) else {
                         (p.ack)(Err(LogError::UnknownPartition(partition)));
                         continue;
                     };
                     let offset = st.next_offset;
-                    st.next_offset += 1;
-                    let position = b.push(RecordKind::Data, partition, offset, &payload);
+                    let end = offset + u64::from(span);
+                    st.next_offset = end;
+                    let position = b.push_span(RecordKind::Data, partition, offset, span, &payload);
                     payload_bytes += payload.len() as u64;
                     match index.iter_mut().rev().find(|(id, _)| *id == partition) {
-                        Some((_, e)) => e.end_offset = offset + 1,
+                        Some((_, e)) => e.end_offset = end,
                         None => index.push((
                             partition,
                             IndexEntry {
                                 first_offset: offset,
-                                end_offset: offset + 1,
+                                end_offset: end,
                                 batch_position: self.tail,
                                 batch_length: 0,
                             },

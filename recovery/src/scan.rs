@@ -390,7 +390,7 @@ fn replay(
                         r.header.position, r.header.offset
                     ));
                 }
-                next.insert(id, expect + 1);
+                next.insert(id, expect + u64::from(r.header.span));
             }
             RecordKind::CreatePartition => {
                 let (topic, idx) = decode_create(r.payload)?;
@@ -403,7 +403,7 @@ fn replay(
         reg.insert(id, topic, idx);
     }
     for r in recs.iter().filter(|r| r.header.kind == RecordKind::Data) {
-        add_entry(index, h, r.header.partition, r.header.offset);
+        add_entry(index, h, r.header.partition, r.header.offset, r.header.span);
     }
     for (id, n) in next {
         if let Some(p) = reg.get_mut(id) {
@@ -418,13 +418,15 @@ fn add_entry(
     h: &BatchHeader,
     id: u32,
     offset: u64,
+    span: u32,
 ) {
+    let end = offset + u64::from(span);
     let entries = index.entry(id).or_default();
     match entries.back_mut() {
-        Some(e) if e.batch_position == h.position => e.end_offset = offset + 1,
+        Some(e) if e.batch_position == h.position => e.end_offset = end,
         _ => entries.push_back(IndexEntry {
             first_offset: offset,
-            end_offset: offset + 1,
+            end_offset: end,
             batch_position: h.position,
             batch_length: h.length,
         }),
@@ -463,7 +465,13 @@ pub fn index_below<D: BlockDevice + ?Sized>(
         rules,
         |h, recs| {
             for r in recs.iter().filter(|r| r.header.kind == RecordKind::Data) {
-                add_entry(&mut index, h, r.header.partition, r.header.offset);
+                add_entry(
+                    &mut index,
+                    h,
+                    r.header.partition,
+                    r.header.offset,
+                    r.header.span,
+                );
             }
             retained.push_back(retained_of(h));
             Ok(())

@@ -591,6 +591,7 @@ fn run(seed: u64, cuts: u64, knobs: Knobs) -> Result<Summary, String> {
                     w.submit(Request::Append {
                         partition,
                         payload,
+                        span: 1,
                         ack: Box::new(move |r| acks.lock().unwrap().push((producer, r))),
                     });
                 }

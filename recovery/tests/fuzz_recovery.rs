@@ -309,6 +309,7 @@ fn build_image(label: u64, eras: u32, ragged_end: bool, retain: Option<u64>, loa
             w.submit(Request::Append {
                 partition: id,
                 payload: p,
+                span: 1,
                 ack: Box::new(move |r| a.lock().unwrap().push((id, off, r))),
             });
             for _ in 0..rng.below(4) {
@@ -706,6 +707,7 @@ fn recover_mutated(which: usize, muts: &[Mutation]) -> Result<(), TestCaseError>
             w.submit(Request::Append {
                 partition: id,
                 payload: vec![i; 100],
+                span: 1,
                 ack: Box::new(|_| {}),
             });
         }
@@ -981,7 +983,7 @@ fn record_specs() -> impl Strategy<Value = Vec<RecordSpec>> {
         (
             record_kind(),
             prop_oneof![0u32..4, any::<u32>()],
-            prop_oneof![0u64..16, any::<u64>()],
+            prop_oneof![0u64..16, 0u64..(1 << 63) - 1], // offsets are below 2^63 by format
             prop_oneof![3 => vec(any::<u8>(), 0..64), 1 => vec(any::<u8>(), 0..3000)],
         ),
         0..8,
@@ -1091,14 +1093,15 @@ proptest! {
 
     #[test]
     fn records_with_a_valid_crc_decode_or_say_why(
-        (kind, partition, offset, payload) in (record_kind(), any::<u32>(), any::<u64>(), vec(any::<u8>(), 0..300)),
+        (kind, partition, offset, payload) in (record_kind(), any::<u32>(), 0u64..(1 << 62), vec(any::<u8>(), 0..300)),
         pos in position(),
         epoch in any::<u64>(),
         fid in any_format_id(),
         cut in any::<usize>(),
         flip in prop::option::of((any::<usize>(), 0u8..8)),
     ) {
-        let h = RecordHeader { len: payload.len() as u32, kind, partition, offset, position: pos, epoch };
+        let span = u32::from(kind == RecordKind::Data);
+        let h = RecordHeader { len: payload.len() as u32, kind, partition, offset, span, position: pos, epoch };
         let mut buf = vec![0u8; nvmq_log::format::record_size(payload.len())];
         h.encode(fid, &payload, &mut buf);
         let clean = RecordHeader::decode(&buf, fid, pos, epoch);

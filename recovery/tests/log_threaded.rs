@@ -1,0 +1,296 @@
+//! The threaded `Log` (writer thread + producers over the channel) on the sim and file devices:
+//! concurrent appends, spans, reopen, the relaxed flush modes and `on_full = refuse`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use blockdev::file::{FileDevice, FileOptions};
+use blockdev::sim::{Latency, SimConfig, SimDevice, SimHandle};
+use blockdev::BlockDevice;
+use nvmq_log::config::{FlushMode, FormatOptions, LogConfig, OnFull};
+use nvmq_log::{Log, LogError};
+
+const MIB: u64 = 1 << 20;
+
+fn sim(seed: u64, capacity: u64) -> (SimDevice, SimHandle) {
+    let mut c = SimConfig::new(seed, capacity);
+    c.flush_latency = Latency::Fixed(Duration::from_micros(300));
+    SimDevice::new(c)
+}
+
+fn start<D: BlockDevice + 'static>(mut dev: D, fmt: Option<&FormatOptions>, cfg: LogConfig) -> Log {
+    if let Some(fmt) = fmt {
+        nvmq_log::mkfs::format(&mut dev, fmt).expect("format");
+    }
+    let (w, _report) = recovery::open(dev, cfg.clone()).expect("open");
+    Log::start(w, cfg.queue_capacity)
+}
+
+fn quiet_config(flush: FlushMode) -> LogConfig {
+    LogConfig {
+        flush,
+        // No superblock update (and so no flush) while the test counts flushes.
+        idle_superblock: Duration::from_secs(3600),
+        ..LogConfig::default()
+    }
+}
+
+fn payload(producer: usize, i: usize) -> Vec<u8> {
+    format!("producer {producer} record {i}").into_bytes()
+}
+
+#[test]
+fn concurrent_producers_get_every_offset_once_and_read_back_what_they_sent() {
+    let (dev, _h) = sim(11, 64 * MIB);
+    let log = Arc::new(start(
+        dev,
+        Some(&FormatOptions::default()),
+        LogConfig::default(),
+    ));
+    let parts: Vec<u32> = (0..4)
+        .map(|i| log.create_partition("t", i).expect("create"))
+        .collect();
+    let acked: Arc<Mutex<BTreeMap<(u32, u64), Vec<u8>>>> = Arc::default();
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let log = log.clone();
+            let acked = acked.clone();
+            let part = parts[t % parts.len()];
+            std::thread::spawn(move || {
+                for i in 0..300 {
+                    let p = payload(t, i);
+                    let a = log.append_wait(part, p.clone()).expect("append");
+                    assert_eq!(a.partition, part);
+                    let old = acked.lock().unwrap().insert((part, a.offset), p);
+                    assert!(old.is_none(), "offset {} of {part} acked twice", a.offset);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("producer thread");
+    }
+    let acked = acked.lock().unwrap();
+    for &part in &parts {
+        let mine: Vec<(&(u32, u64), &Vec<u8>)> = acked.range((part, 0)..(part, u64::MAX)).collect();
+        assert_eq!(mine.len(), 600, "two producers x 300 on partition {part}");
+        // Offsets are dense from 0: nothing skipped, nothing doubled.
+        for (i, ((_, off), _)) in mine.iter().enumerate() {
+            assert_eq!(*off, i as u64);
+        }
+        let mut got = Vec::new();
+        while got.len() < mine.len() {
+            let recs = log.read(part, got.len() as u64, 64 << 10).expect("read");
+            assert!(!recs.is_empty(), "read stalled at {}", got.len());
+            got.extend(recs);
+        }
+        for (r, ((_, off), p)) in got.iter().zip(mine) {
+            assert_eq!(r.offset, *off);
+            assert_eq!(&r.payload, p, "payload at offset {off} of {part}");
+        }
+    }
+    assert!(log.fatal().is_none());
+}
+
+#[test]
+fn spans_take_offsets_and_survive_reopen_on_the_file_device() {
+    let dir = tempdir();
+    let path = dir.join("log.img");
+    let fmt = FormatOptions::default();
+    let dev = FileDevice::create(&path, 64 * MIB, FileOptions::default(), |d| {
+        nvmq_log::mkfs::format(d, &fmt)
+            .map(|_| ())
+            .map_err(|e| blockdev::DeviceError::Io {
+                op: blockdev::Op::Write,
+                lba: 0,
+                detail: e.to_string(),
+            })
+    })
+    .expect("create file device");
+    let log = start(dev, None, LogConfig::default());
+    let part = log.create_partition("kafka", 0).expect("create");
+    let span_append = |log: &Log, bytes: &[u8], span: u32| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        log.append_span(
+            part,
+            bytes.to_vec(),
+            span,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )
+        .expect("queue");
+        rx.recv().expect("ack").expect("append")
+    };
+    assert_eq!(span_append(&log, b"one", 1).offset, 0);
+    assert_eq!(span_append(&log, b"five", 5).offset, 1);
+    assert_eq!(span_append(&log, b"one more", 1).offset, 6);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let queued = log.append_span(
+        part,
+        b"none".to_vec(),
+        0,
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    );
+    // A record must take at least one offset: refused at the queue or through its ack.
+    if queued.is_ok() {
+        let r = rx.recv().expect("ack");
+        assert!(r.is_err(), "a zero span was acked: {r:?}");
+    }
+    let check = |log: &Log| {
+        // Reading from an offset inside a span serves the record that holds it.
+        let recs = log.read(part, 3, 1 << 20).expect("read");
+        let got: Vec<(u64, u32, &[u8])> = recs
+            .iter()
+            .map(|r| (r.offset, r.span, r.payload.as_slice()))
+            .collect();
+        assert_eq!(got, vec![(1, 5, &b"five"[..]), (6, 1, &b"one more"[..])]);
+        let view = log.partition(part).expect("partition");
+        assert_eq!(view.durable_end, 7);
+    };
+    check(&log);
+    log.shutdown();
+    let dev = FileDevice::open(&path, FileOptions::default()).expect("reopen");
+    let log = start(dev, None, LogConfig::default());
+    check(&log);
+    assert_eq!(span_append(&log, b"after reopen", 2).offset, 7);
+    log.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Appends `n` records and returns the device's flush count across them (after the creation of
+/// the partition settled).
+fn flushes_during_appends(flush: FlushMode, n: usize) -> (u64, SimHandle, Log) {
+    let (dev, h) = sim(5, 64 * MIB);
+    let log = start(dev, Some(&FormatOptions::default()), quiet_config(flush));
+    let part = log.create_partition("t", 0).expect("create");
+    let before = h.stats().flushes;
+    for i in 0..n {
+        log.append_wait(part, payload(0, i)).expect("append");
+    }
+    let after = h.stats().flushes;
+    (after - before, h, log)
+}
+
+#[test]
+fn flush_mode_always_flushes_for_every_ack() {
+    // Closed loop, one producer: every ack waited for its own flush.
+    let (flushes, _h, log) = flushes_during_appends(FlushMode::Always, 50);
+    assert!(
+        flushes >= 50,
+        "50 sequential acks took only {flushes} flushes"
+    );
+    log.shutdown();
+}
+
+#[test]
+fn flush_mode_never_acks_without_flushing() {
+    let (flushes, h, log) = flushes_during_appends(FlushMode::Never, 50);
+    assert_eq!(flushes, 0, "`never` flushed {flushes} times");
+    // The acked records sit in the volatile cache: that is the loss window `never` admits...
+    assert!(h.stats().cached_writes > 0);
+    // ...until a clean shutdown, which flushes them.
+    log.shutdown();
+    assert_eq!(h.stats().cached_writes, 0, "shutdown left writes unflushed");
+}
+
+#[test]
+fn flush_mode_interval_acks_first_and_flushes_soon_after() {
+    let (flushes, h, log) =
+        flushes_during_appends(FlushMode::Interval(Duration::from_millis(20)), 5);
+    // Acked without waiting for five flushes of their own.
+    assert!(
+        flushes < 5,
+        "interval mode flushed {flushes} times for 5 acks"
+    );
+    // ...and the interval flush follows without more appends.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.stats().cached_writes > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(h.stats().cached_writes, 0, "no flush followed the acks");
+    log.shutdown();
+}
+
+/// A log of `log_size` bytes on a sim device, records kept for an hour.
+fn small_log(on_full: OnFull) -> Log {
+    let fmt = FormatOptions {
+        window: MIB,
+        max_batch: 64 << 10,
+        log_size: Some(2 * MIB),
+        ..FormatOptions::default()
+    };
+    let (dev, _h) = sim(3, 8 * MIB);
+    let cfg = LogConfig {
+        on_full,
+        retain_time: Some(Duration::from_secs(3600)),
+        full_wait: Duration::from_millis(100),
+        ..LogConfig::default()
+    };
+    start(dev, Some(&fmt), cfg)
+}
+
+#[test]
+fn on_full_refuse_fails_appends_with_log_full_and_keeps_every_acked_record() {
+    let log = small_log(OnFull::Refuse);
+    let part = log.create_partition("t", 0).expect("create");
+    let mut acked = 0u64;
+    let err = loop {
+        match log.append_wait(part, vec![acked as u8; 4000]) {
+            Ok(a) => {
+                assert_eq!(a.offset, acked);
+                acked += 1;
+                assert!(
+                    acked < 10_000,
+                    "a 2 MiB log took {acked} records of 4000 bytes"
+                );
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, LogError::LogFull { .. }), "got {err}");
+    assert!(err.to_string().contains("full"), "message: {err}");
+    assert!(
+        acked > 100,
+        "only {acked} records fit before the log said full"
+    );
+    // Nothing acknowledged was dropped to make room.
+    let view = log.partition(part).expect("partition");
+    assert_eq!(view.start_offset, 0);
+    assert_eq!(view.durable_end, acked);
+    let first = log.read(part, 0, 1).expect("read");
+    assert_eq!(first[0].payload, vec![0u8; 4000]);
+    log.shutdown();
+}
+
+#[test]
+fn on_full_drop_oldest_frees_the_oldest_records_instead() {
+    let log = small_log(OnFull::DropOldest);
+    let part = log.create_partition("t", 0).expect("create");
+    for i in 0..2000u64 {
+        let a = log.append_wait(part, vec![i as u8; 4000]).expect("append");
+        assert_eq!(a.offset, i);
+    }
+    let view = log.partition(part).expect("partition");
+    assert!(view.start_offset > 0, "nothing was dropped from a full log");
+    assert_eq!(view.durable_end, 2000);
+    let recs = log.read(part, view.start_offset, 1).expect("read oldest");
+    assert_eq!(recs[0].payload, vec![view.start_offset as u8; 4000]);
+    log.shutdown();
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = base.join(format!(
+        "log-threaded-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
