@@ -13,6 +13,9 @@ use nvmq_log::{Log, LogError};
 
 const MIB: u64 = 1 << 20;
 
+/// (partition, offset) -> payload of every acknowledged append.
+type Acked = BTreeMap<(u32, u64), Vec<u8>>;
+
 fn sim(seed: u64, capacity: u64) -> (SimDevice, SimHandle) {
     let mut c = SimConfig::new(seed, capacity);
     c.flush_latency = Latency::Fixed(Duration::from_micros(300));
@@ -51,7 +54,7 @@ fn concurrent_producers_get_every_offset_once_and_read_back_what_they_sent() {
     let parts: Vec<u32> = (0..4)
         .map(|i| log.create_partition("t", i).expect("create"))
         .collect();
-    let acked: Arc<Mutex<BTreeMap<(u32, u64), Vec<u8>>>> = Arc::default();
+    let acked: Arc<Mutex<Acked>> = Arc::default();
     let threads: Vec<_> = (0..8)
         .map(|t| {
             let log = log.clone();
