@@ -2,11 +2,17 @@
 //! that the NVMe function was handed to vfio-pci and that host-built binaries ran there with
 //! their output and exit codes returned. These tests need QEMU and fail (never skip) without it;
 //! the rig installs what it needs when run as root.
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
 
-use hw_test::qemu::{Disk, GuestCmd, NbdServer, Rig, RigOptions, RigRun, Stage};
+use hw_test::qemu::{
+    free_local_port, Disk, GuestCmd, NbdServer, PortForward, Rig, RigError, RigOptions, RigRun,
+    Stage,
+};
 
 /// One guest at a time: the boot times printed stay meaningful on a 2-core machine.
 static ONE_GUEST: Mutex<()> = Mutex::new(());
@@ -56,9 +62,38 @@ fn assert_vfio_bound(run: &RigRun, out: &str) {
     }
 }
 
+/// Connects to the forwarded port until the guest's server greets (QEMU's user network accepts
+/// and drops connections while nothing listens in the guest yet), then sends one line.
+fn talk_to_guest(port: u16, line: &'static str) -> thread::JoinHandle<Option<String>> {
+    thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while Instant::now() < deadline {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut greeting = String::new();
+                if BufReader::new(&s)
+                    .read_line(&mut greeting)
+                    .is_ok_and(|n| n > 0)
+                {
+                    let _ = s.write_all(line.as_bytes());
+                    return Some(greeting);
+                }
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+        None
+    })
+}
+
 #[test]
-fn lba_512_file_image_vfio_bound_and_exit_codes_reported() {
+fn lba_512_file_image_vfio_bound_exit_codes_and_port_forward() {
+    let port = free_local_port().unwrap_or_else(|e| panic!("{e}"));
+    let client = talk_to_guest(port, "ping-from-host\n");
     let opts = RigOptions {
+        forwards: vec![PortForward {
+            host: port,
+            guest: 7000,
+        }],
         disk: Disk::Image {
             path: None,
             size: DISK_BYTES,
@@ -77,8 +112,10 @@ fn lba_512_file_image_vfio_bound_and_exit_codes_reported() {
             // q35's LPC bridge: present, but not an NVMe controller.
             GuestCmd::host(PROBE, ["--pci", "0000:00:1f.0"]),
             GuestCmd::shell("echo to-stderr >&2; echo group=$NVMQ_VFIO_GROUP; exit 7"),
+            GuestCmd::host(PROBE, ["--serve", "7000"]),
         ],
     );
+    let greeting = client.join().expect("client thread panicked");
     let kernel = run
         .kernel_nvme
         .as_ref()
@@ -126,6 +163,71 @@ fn lba_512_file_image_vfio_bound_and_exit_codes_reported() {
         shell.output,
         format!("to-stderr\ngroup={}\n", run.vfio.group)
     );
+
+    assert_eq!(run.net.as_deref(), Some("eth0 10.0.2.15"));
+    let server = &run.commands[4];
+    assert_eq!(server.exit_code, 0, "{}", server.output);
+    assert!(
+        server.output.contains(": ping-from-host\n"),
+        "{}",
+        server.output
+    );
+    assert_eq!(
+        greeting.as_deref(),
+        Some(format!("hello from guest nvme {}\n", run.nvme_pci).as_str())
+    );
+}
+
+#[test]
+fn a_hung_guest_is_killed_at_the_timeout() {
+    let _guard = ONE_GUEST.lock().unwrap_or_else(|p| p.into_inner());
+    let limit = Duration::from_secs(20);
+    let rig = Rig::new(RigOptions {
+        timeout: limit,
+        kernel_nvme_stage: false,
+        ..RigOptions::default()
+    })
+    .unwrap_or_else(|e| panic!("QEMU rig cannot start: {e}"));
+    let started = Instant::now();
+    let err = rig
+        .run(&[GuestCmd::shell("echo about-to-hang; sleep 600")])
+        .expect_err("a guest sleeping 600 s finished inside a 20 s limit");
+    let took = started.elapsed();
+    let RigError::Timeout {
+        limit: reported,
+        log,
+        tail,
+    } = &err
+    else {
+        panic!("expected a timeout, got: {err}");
+    };
+    assert_eq!(*reported, limit);
+    assert!(
+        took >= limit && took < limit + Duration::from_secs(10),
+        "took {took:?}"
+    );
+    assert!(tail.contains("RIG-OUT 0 about-to-hang"), "{tail}");
+    let workdir = log
+        .parent()
+        .expect("console log has a directory")
+        .to_path_buf();
+    let workdir_str = workdir.to_string_lossy().into_owned();
+    let qemu_alive = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&workdir_str))
+        });
+    assert!(
+        !qemu_alive,
+        "a QEMU for {workdir_str} still runs after the timeout"
+    );
+    assert!(
+        err.to_string().contains("did not finish within 20s"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&workdir).unwrap();
 }
 
 #[test]

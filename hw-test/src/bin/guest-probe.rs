@@ -2,9 +2,13 @@
 //! function's driver, IOMMU group and VFIO device nodes, and (in the kernel NVMe stage) the
 //! namespace's block sizes. Exit codes: 0 ok, 2 the named function is missing or not an NVMe
 //! controller, 3 `--require-vfio` was given and the function is not usable through VFIO.
+//! `--serve <port>` then answers one TCP connection (for checking the rig's port forwarding).
 use std::fs::{self, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -17,6 +21,48 @@ struct Args {
     /// Fail (exit 3) unless the function is bound to vfio-pci and its VFIO nodes open.
     #[arg(long)]
     require_vfio: bool,
+    /// After probing, accept one TCP connection on this port: send a greeting naming the NVMe
+    /// function, read one line and print it.
+    #[arg(long)]
+    serve: Option<u16>,
+    /// How long `--serve` waits for its connection, in seconds.
+    #[arg(long, default_value_t = 60)]
+    serve_timeout: u64,
+}
+
+fn serve(port: u16, pci: &str, timeout: Duration) -> Result<()> {
+    let listener =
+        TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("binding port {port}"))?;
+    listener
+        .set_nonblocking(true)
+        .context("making the listener non-blocking")?;
+    println!("serving on port {port}");
+    let deadline = Instant::now() + timeout;
+    let (mut stream, peer) = loop {
+        match listener.accept() {
+            Ok(conn) => break conn,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e).with_context(|| format!("accepting on port {port}")),
+        }
+    };
+    stream
+        .set_nonblocking(false)
+        .context("making the connection blocking")?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .context("setting a read timeout")?;
+    let greeting = format!("hello from guest nvme {pci}\n");
+    stream
+        .write_all(greeting.as_bytes())
+        .context("greeting the client")?;
+    let mut line = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut line)
+        .context("reading the client's line")?;
+    println!("connection from {peer}: {}", line.trim_end());
+    Ok(())
 }
 
 fn attr(dev: &Path, name: &str) -> String {
@@ -136,6 +182,9 @@ fn probe(args: Args) -> Result<ExitCode> {
             }
             println!("opened {path}");
         }
+    }
+    if let Some(port) = args.serve {
+        serve(port, &pci, Duration::from_secs(args.serve_timeout))?;
     }
     println!("GUEST-PROBE OK");
     Ok(ExitCode::SUCCESS)

@@ -156,12 +156,21 @@ pub fn ensure_kernel(cache: &Path) -> Result<Kernel> {
     let kernels = cache.join("kernel");
     let package = match resolve_kernel_package() {
         Ok(p) => p,
-        Err(e) => {
-            return any_cached_kernel(&kernels).ok_or(e);
-        }
+        Err(e) => return any_cached_kernel(&kernels).ok_or(e),
     };
-    let dir = kernels.join(&package);
-    if let Some(k) = cached_kernel(&dir, &package)? {
+    match fetch_kernel(&kernels, &package) {
+        Ok(k) => Ok(k),
+        Err(first) => {
+            // Stale package lists can name a kernel the archive no longer has.
+            apt_get(&["update"]).map_err(|_| first)?;
+            fetch_kernel(&kernels, &resolve_kernel_package()?)
+        }
+    }
+}
+
+fn fetch_kernel(kernels: &Path, package: &str) -> Result<Kernel> {
+    let dir = kernels.join(package);
+    if let Some(k) = cached_kernel(&dir, package)? {
         return Ok(k);
     }
     eprintln!("qemu-rig: fetching {package} into {}", dir.display());
@@ -171,7 +180,7 @@ pub fn ensure_kernel(cache: &Path) -> Result<Kernel> {
     fs::create_dir_all(&dir).ctx("creating", &dir)?;
     host::run(
         Command::new("apt-get")
-            .args(["download", &package])
+            .args(["download", package])
             .current_dir(&dir),
     )?;
     let deb = fs::read_dir(&dir)
@@ -191,8 +200,8 @@ pub fn ensure_kernel(cache: &Path) -> Result<Kernel> {
             .arg(dir.join("root")),
     )?;
     fs::remove_file(&deb).ctx("removing", &deb)?;
-    fs::write(dir.join(COMPLETE_MARK), &package).ctx("writing", dir.join(COMPLETE_MARK))?;
-    cached_kernel(&dir, &package)?.ok_or_else(|| {
+    fs::write(dir.join(COMPLETE_MARK), package).ctx("writing", dir.join(COMPLETE_MARK))?;
+    cached_kernel(&dir, package)?.ok_or_else(|| {
         RigError::Provision(format!(
             "unpacked kernel in {} is incomplete",
             dir.display()
