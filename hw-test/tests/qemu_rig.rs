@@ -10,8 +10,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use hw_test::qemu::{
-    free_local_port, Disk, GuestCmd, NbdServer, PortForward, Rig, RigError, RigOptions, RigRun,
-    Stage,
+    free_local_port, Disk, GuestCmd, KernelNvme, NbdServer, PortForward, Rig, RigError, RigOptions,
+    RigRun, Stage,
 };
 
 /// One guest at a time: the boot times printed stay meaningful on a 2-core machine.
@@ -43,6 +43,23 @@ fn boot(opts: RigOptions, cmds: &[GuestCmd]) -> RigRun {
         );
     }
     run
+}
+
+/// The kernel driver's view of the namespace, checked against the configured block size.
+fn kernel_geometry(run: &RigRun, block_size: u32) -> &KernelNvme {
+    let kernel = run
+        .kernel_nvme
+        .as_ref()
+        .expect("kernel nvme stage reported nothing");
+    assert_eq!(
+        (
+            kernel.logical_block_size,
+            kernel.physical_block_size,
+            kernel.sectors
+        ),
+        (block_size, block_size, DISK_BYTES / 512)
+    );
+    kernel
 }
 
 fn assert_vfio_bound(run: &RigRun, out: &str) {
@@ -116,18 +133,7 @@ fn lba_512_file_image_vfio_bound_exit_codes_and_port_forward() {
         ],
     );
     let greeting = client.join().expect("client thread panicked");
-    let kernel = run
-        .kernel_nvme
-        .as_ref()
-        .expect("kernel nvme stage reported nothing");
-    assert_eq!(
-        (
-            kernel.logical_block_size,
-            kernel.physical_block_size,
-            kernel.sectors
-        ),
-        (512, 512, DISK_BYTES / 512)
-    );
+    let kernel = kernel_geometry(&run, 512);
 
     let early = &run.commands[0];
     assert_eq!(early.exit_code, 0, "{}", early.output);
@@ -261,18 +267,7 @@ fn lba_4096_nbd_backed_writes_reach_the_export() {
         ],
     );
     drop(server);
-    let kernel = run
-        .kernel_nvme
-        .as_ref()
-        .expect("kernel nvme stage reported nothing");
-    assert_eq!(
-        (
-            kernel.logical_block_size,
-            kernel.physical_block_size,
-            kernel.sectors
-        ),
-        (4096, 4096, DISK_BYTES / 512)
-    );
+    kernel_geometry(&run, 4096);
     assert_eq!(
         run.commands[0].exit_code, 0,
         "dd in the guest: {}",
