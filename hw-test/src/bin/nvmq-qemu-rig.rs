@@ -47,6 +47,9 @@ struct Args {
     /// Hard limit for the boot, in seconds.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
+    /// Guest address width of the emulated IOMMU (39 or 48; QEMU's default is 39).
+    #[arg(long)]
+    aw_bits: Option<u8>,
     /// Do not let the kernel's nvme driver probe the controller before the vfio hand-over.
     #[arg(long)]
     no_kernel_stage: bool,
@@ -95,6 +98,7 @@ fn main() -> Result<ExitCode> {
         physical_block_size: a.pba.unwrap_or(a.lba),
         timeout: Duration::from_secs(a.timeout),
         kernel_nvme_stage: !a.no_kernel_stage,
+        iommu_address_bits: a.aw_bits,
         forwards,
         keep_workdir: a.keep,
         echo_console: a.echo,

@@ -65,6 +65,9 @@ pub struct RigOptions {
     /// Let the kernel's nvme driver probe the controller first (reports its geometry as
     /// [`RigRun::kernel_nvme`] and runs [`Stage::KernelNvme`] commands), then hand it to vfio-pci.
     pub kernel_nvme_stage: bool,
+    /// The emulated IOMMU's guest address width (`aw-bits`: 39 or 48); `None` keeps QEMU's
+    /// default (39), so IOVAs must stay below 2^39.
+    pub iommu_address_bits: Option<u8>,
     /// Non-empty: an e1000 NIC on QEMU's user network with these forwards, configured in the guest.
     pub forwards: Vec<PortForward>,
     /// Keep the run's work directory (initramfs, image, console log) after a successful run.
@@ -87,6 +90,7 @@ impl Default for RigOptions {
             cpus: 2,
             timeout: Duration::from_secs(120),
             kernel_nvme_stage: true,
+            iommu_address_bits: None,
             forwards: Vec::new(),
             keep_workdir: false,
             echo_console: std::env::var_os("NVMQ_RIG_ECHO").is_some(),
@@ -210,6 +214,14 @@ fn validate(opts: &RigOptions) -> Result<()> {
             return bad(
                 "disk size",
                 format!("{size} bytes is not a positive multiple of the {lbs}-byte block"),
+            );
+        }
+    }
+    if let Some(bits) = opts.iommu_address_bits {
+        if bits != 39 && bits != 48 {
+            return bad(
+                "iommu_address_bits",
+                format!("{bits}: QEMU's intel-iommu takes 39 or 48"),
             );
         }
     }
@@ -385,6 +397,10 @@ impl Rig {
                 )
             }
         };
+        let mut iommu = String::from("intel-iommu,intremap=on,caching-mode=on");
+        if let Some(bits) = o.iommu_address_bits {
+            iommu.push_str(&format!(",aw-bits={bits}"));
+        }
         let mut cmd = Command::new("qemu-system-x86_64");
         cmd.args(["-accel", "tcg", "-machine", "q35,kernel-irqchip=split"])
             .args(["-m", &o.memory_mib.to_string(), "-smp", &o.cpus.to_string()])
@@ -396,7 +412,8 @@ impl Rig {
                 "-no-reboot",
             ])
             // Before any other PCI device, so every later device sits behind the IOMMU.
-            .args(["-device", "intel-iommu,intremap=on,caching-mode=on"])
+            .arg("-device")
+            .arg(iommu)
             .arg("-kernel")
             .arg(&self.kernel.vmlinuz)
             .arg("-initrd")
