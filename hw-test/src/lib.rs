@@ -1,2 +1,3 @@
-//! Power-cut validation rigs. Nothing here yet: the rig is the subject of a later issue, and this
-//! crate exposes nothing until it works.
+//! Hardware test rigs for nvmq. `qemu` boots a throw-away guest whose emulated NVMe controller is
+//! bound to vfio-pci, runs host-built binaries in it and reports each one's output and exit code.
+pub mod qemu;
