@@ -357,7 +357,7 @@ impl State {
         if qid > 1 {
             return;
         }
-        if index % 2 == 0 {
+        if index.is_multiple_of(2) {
             self.stats.sq_doorbells += 1;
             if let Some(sq) = self.sqs[qid].as_mut() {
                 sq.tail = value as u16 % sq.entries;
@@ -625,7 +625,7 @@ impl State {
             done += n;
             Ok(())
         };
-        if sqe.prp1 % 4 != 0 {
+        if !sqe.prp1.is_multiple_of(4) {
             return Err(bad_offset);
         }
         let first = len.min(page - (sqe.prp1 as usize % page));
@@ -635,13 +635,13 @@ impl State {
             return Ok(());
         }
         if rest <= page {
-            if sqe.prp2 as usize % page != 0 {
+            if !(sqe.prp2 as usize).is_multiple_of(page) {
                 return Err(bad_offset);
             }
             return segment(self, sqe.prp2, rest);
         }
         self.stats.prp_list_commands += 1;
-        if sqe.prp2 % 8 != 0 {
+        if !sqe.prp2.is_multiple_of(8) {
             return Err(bad_offset);
         }
         let per_page = page / 8;
@@ -658,7 +658,7 @@ impl State {
                 list = entry;
                 continue;
             }
-            if entry as usize % page != 0 {
+            if !(entry as usize).is_multiple_of(page) {
                 return Err(bad_offset);
             }
             let n = rest.min(page);

@@ -434,7 +434,7 @@ impl Host for VfioHost {
     }
 
     fn read32(&self, offset: usize) -> u32 {
-        if offset.checked_add(4).is_none_or(|e| e > self.bar_len) || offset % 4 != 0 {
+        if offset.checked_add(4).is_none_or(|e| e > self.bar_len) || !offset.is_multiple_of(4) {
             return u32::MAX;
         }
         // SAFETY: offset is dword aligned and inside the BAR0 mapping, which lives as long as self.
@@ -442,7 +442,7 @@ impl Host for VfioHost {
     }
 
     fn write32(&self, offset: usize, value: u32) {
-        if offset.checked_add(4).is_none_or(|e| e > self.bar_len) || offset % 4 != 0 {
+        if offset.checked_add(4).is_none_or(|e| e > self.bar_len) || !offset.is_multiple_of(4) {
             return;
         }
         // SAFETY: as in read32.
