@@ -146,19 +146,18 @@ impl<H: Host> Controller<H> {
         (v == u32::MAX || v & csts::CFS != 0).then_some(v)
     }
 
-    fn wait_ready(&self, ready: bool, what: &'static str) -> Result<(), InitError> {
-        let timeout = self.ready_timeout();
+    /// Reads CSTS until `done` decides (Some) or `timeout` passes.
+    fn wait_csts(
+        &self,
+        what: &'static str,
+        timeout: Duration,
+        done: impl Fn(u32) -> Option<Result<(), InitError>>,
+    ) -> Result<(), InitError> {
         let start = Instant::now();
         loop {
             let s = self.csts()?;
-            if s & csts::CFS != 0 {
-                return Err(InitError::Fatal {
-                    during: what,
-                    csts: s,
-                });
-            }
-            if (s & csts::RDY != 0) == ready {
-                return Ok(());
+            if let Some(r) = done(s) {
+                return r;
             }
             if start.elapsed() > timeout {
                 return Err(InitError::Timeout {
@@ -169,6 +168,19 @@ impl<H: Host> Controller<H> {
             }
             std::thread::sleep(Duration::from_micros(100));
         }
+    }
+
+    fn wait_ready(&self, ready: bool, what: &'static str) -> Result<(), InitError> {
+        self.wait_csts(what, self.ready_timeout(), |s| {
+            if s & csts::CFS != 0 {
+                Some(Err(InitError::Fatal {
+                    during: what,
+                    csts: s,
+                }))
+            } else {
+                ((s & csts::RDY != 0) == ready).then_some(Ok(()))
+            }
+        })
     }
 
     /// CC.EN = 0 and wait for CSTS.RDY = 0; a controller still coming up is let finish first.
@@ -195,22 +207,9 @@ impl<H: Host> Controller<H> {
     }
 
     fn wait_rdy_clear(&self) -> Result<(), InitError> {
-        let timeout = self.ready_timeout();
-        let start = Instant::now();
-        loop {
-            let s = self.csts()?;
-            if s & csts::RDY == 0 {
-                return Ok(());
-            }
-            if start.elapsed() > timeout {
-                return Err(InitError::Timeout {
-                    what: "become idle after disabling",
-                    ms: timeout.as_millis() as u64,
-                    csts: s,
-                });
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
+        self.wait_csts("become idle after disabling", self.ready_timeout(), |s| {
+            (s & csts::RDY == 0).then_some(Ok(()))
+        })
     }
 
     /// Turns off bus mastering so a broken controller cannot write into memory we hand back.
@@ -344,20 +343,8 @@ impl<H: Host> Controller<H> {
         }
         self.host
             .write32(regs::CC, (cfg & !cc::SHN_MASK) | cc::SHN_NORMAL);
-        let start = Instant::now();
-        loop {
-            let s = self.csts()?;
-            if s & csts::SHST_MASK == csts::SHST_COMPLETE {
-                return Ok(());
-            }
-            if start.elapsed() > SHUTDOWN_TIMEOUT {
-                return Err(InitError::Timeout {
-                    what: "complete a normal shutdown",
-                    ms: SHUTDOWN_TIMEOUT.as_millis() as u64,
-                    csts: s,
-                });
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
+        self.wait_csts("complete a normal shutdown", SHUTDOWN_TIMEOUT, |s| {
+            (s & csts::SHST_MASK == csts::SHST_COMPLETE).then_some(Ok(()))
+        })
     }
 }
