@@ -79,8 +79,10 @@ fn bring_up_follows_the_admin_sequence_and_reports_the_geometry() {
         s.queues_requested,
         "Set Features Number of Queues before queue creation"
     );
-    // Identify ctrl, Identify ns, Get Features VWC, Set Features queues, Create CQ, Create SQ.
-    assert_eq!(s.admin_commands, 6);
+    assert!(!s.admin_regs_written_while_enabled);
+    // Identify controller (CNS 1), Identify namespace (CNS 0), Get Features VWC, Set Features
+    // Number of Queues, Create I/O CQ, Create I/O SQ.
+    assert_eq!(s.admin_log, vec![0x0106, 0x0006, 0x0A, 0x09, 0x05, 0x01]);
     let i = dev.info();
     assert_eq!(i.logical_block_size, 4096);
     assert_eq!(i.physical_block_size, 4096);
@@ -97,6 +99,32 @@ fn bring_up_follows_the_admin_sequence_and_reports_the_geometry() {
     assert_eq!(d.version, 0x0001_0400);
     assert_eq!(dev.queue_depth(), 128);
     assert_eq!(h.pci_command() & 0b100, 0b100);
+}
+
+#[test]
+fn a_controller_left_enabled_is_disabled_before_the_admin_queues_are_set() {
+    let cfg = FakeConfig {
+        start_enabled: true,
+        ..FakeConfig::default()
+    };
+    let (mut dev, h) = open_with(cfg, small_opts());
+    let s = h.stats();
+    assert_eq!((s.disables, s.enables), (1, 1));
+    assert!(!s.admin_regs_written_while_enabled);
+    dev.write_at(0, &[1u8; 4096]).unwrap();
+}
+
+#[test]
+fn close_deletes_the_queues_before_the_shutdown() {
+    let (dev, h) = open_with(FakeConfig::default(), small_opts());
+    dev.close().unwrap();
+    let log = h.stats().admin_log;
+    assert_eq!(
+        &log[log.len() - 2..],
+        &[0x00, 0x04],
+        "Delete SQ, then Delete CQ"
+    );
+    assert_eq!(h.stats().shutdowns, 1);
 }
 
 #[test]

@@ -42,6 +42,8 @@ pub struct FakeConfig {
     pub bar_len: usize,
     /// CSTS.RDY never comes up after enabling.
     pub never_ready: bool,
+    /// The controller starts enabled and ready, as another driver left it.
+    pub start_enabled: bool,
 }
 
 impl Default for FakeConfig {
@@ -72,6 +74,7 @@ impl Default for FakeConfig {
             },
             bar_len: 0x4000,
             never_ready: false,
+            start_enabled: false,
         }
     }
 }
@@ -90,7 +93,12 @@ pub struct FakeStats {
     /// Largest transfer of one command, in bytes.
     pub max_command_bytes: u64,
     pub enables: u64,
+    pub disables: u64,
     pub shutdowns: u64,
+    /// AQA/ASQ/ACQ were written while the controller was enabled (the spec forbids it).
+    pub admin_regs_written_while_enabled: bool,
+    /// Admin opcodes in the order they ran (with the CNS for Identify in the high byte).
+    pub admin_log: Vec<u16>,
     pub bus_master: bool,
     pub dma_maps: u64,
     pub mapped_bytes: u64,
@@ -163,9 +171,14 @@ pub struct FakeHandle {
 /// A software controller: its host side and a handle for the test.
 pub fn controller(cfg: FakeConfig) -> (FakeHost, FakeHandle) {
     let media = vec![0u8; (cfg.blocks as usize) << cfg.lbads];
+    let (cc, csts) = if cfg.start_enabled {
+        (cc::EN, csts::RDY)
+    } else {
+        (0, 0)
+    };
     let state = Arc::new(Mutex::new(State {
-        cc: 0,
-        csts: 0,
+        cc,
+        csts,
         aqa: 0,
         asq: 0,
         acq: 0,
@@ -297,6 +310,9 @@ impl State {
     }
 
     fn write_reg(&mut self, offset: usize, value: u32) {
+        if (regs::AQA..regs::ACQ + 8).contains(&offset) && self.cc & cc::EN != 0 {
+            self.stats.admin_regs_written_while_enabled = true;
+        }
         match offset {
             regs::CC => self.write_cc(value),
             regs::AQA => self.aqa = value,
@@ -339,6 +355,7 @@ impl State {
             }
         }
         if was & cc::EN != 0 && value & cc::EN == 0 {
+            self.stats.disables += 1;
             self.sqs = [None; 2];
             self.cqs = [None; 2];
             self.held.clear();
@@ -401,6 +418,14 @@ impl State {
             }
             let (status, dw0) = if qid == 0 {
                 self.stats.admin_commands += 1;
+                let cns = if sqe.opcode() == admin::IDENTIFY {
+                    sqe.cdw10 & 0xFF
+                } else {
+                    0
+                };
+                self.stats
+                    .admin_log
+                    .push(u16::from(sqe.opcode()) | (cns as u16) << 8);
                 self.admin(&sqe)
             } else {
                 self.io(&sqe)

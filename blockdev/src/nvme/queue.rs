@@ -139,3 +139,129 @@ impl QueuePair {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::nvme::sys::{HostError, IovaRange, Memlock, Memory};
+
+    /// Records register writes; no controller behind it.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(usize, u32)>>);
+
+    impl Host for Recorder {
+        fn name(&self) -> &str {
+            "recorder"
+        }
+        fn bar_len(&self) -> usize {
+            0x2000
+        }
+        fn read32(&self, _offset: usize) -> u32 {
+            0
+        }
+        fn write32(&self, offset: usize, value: u32) {
+            self.0.lock().unwrap().push((offset, value));
+        }
+        fn config_read16(&self, _offset: u64) -> Result<u16, HostError> {
+            Ok(0)
+        }
+        fn config_write16(&self, _offset: u64, _value: u16) -> Result<(), HostError> {
+            Ok(())
+        }
+        fn iova_ranges(&self) -> &[IovaRange] {
+            &[]
+        }
+        fn memlock(&self) -> Memlock {
+            Memlock {
+                limit: None,
+                privileged: true,
+            }
+        }
+        unsafe fn dma_map(&mut self, _: *mut u8, _: usize, _: u64) -> Result<(), HostError> {
+            Ok(())
+        }
+        fn dma_unmap(&mut self, _: u64, _: usize) -> Result<(), HostError> {
+            Ok(())
+        }
+    }
+
+    impl Recorder {
+        fn take(&self) -> Vec<(usize, u32)> {
+            std::mem::take(&mut self.0.lock().unwrap())
+        }
+    }
+
+    /// Plays the controller: writes a completion for `cid` into CQ slot `slot` with `phase`.
+    fn post(cq: NonNull<Cqe>, slot: usize, cid: u16, phase: bool) {
+        let c = Cqe {
+            cid,
+            status: u16::from(phase),
+            ..Cqe::default()
+        };
+        // SAFETY: slot < 4, the CQ memory holds 4 entries.
+        unsafe { cq.as_ptr().add(slot).write_volatile(c) };
+    }
+
+    #[test]
+    fn doorbells_batch_and_the_phase_flips_on_wrap_around() {
+        let mem = Memory::anonymous(8192).unwrap();
+        let sq = NonNull::new(mem.as_ptr().cast::<Sqe>()).unwrap();
+        // SAFETY: the second page of the mapping.
+        let cq = NonNull::new(unsafe { mem.as_ptr().add(4096) }.cast::<Cqe>()).unwrap();
+        // SAFETY: 4 entries of each fit in their page of zeroed memory owned by this test.
+        let mut q = unsafe { QueuePair::new(1, 4, sq, cq, 0) };
+        let host = Recorder::default();
+
+        for cid in 0..3u16 {
+            q.push(&Sqe::flush(1).with_cid(cid));
+        }
+        assert!(q.ring_submissions(&host));
+        assert!(!q.ring_submissions(&host), "nothing new, no doorbell");
+        assert_eq!(host.take(), vec![(0x1008, 3)]);
+        // SAFETY: slot 2 of the SQ was written above.
+        assert_eq!(unsafe { sq.as_ptr().add(2).read() }.cid(), 2);
+
+        for (slot, cid) in [(0, 10), (1, 11), (2, 12)] {
+            post(cq, slot, cid, true);
+        }
+        let cids: Vec<u16> = std::iter::from_fn(|| q.pop()).map(|c| c.cid).collect();
+        assert_eq!(cids, vec![10, 11, 12]);
+        assert!(q.ring_completions(&host));
+        assert!(!q.ring_completions(&host));
+        assert_eq!(host.take(), vec![(0x100C, 3)]);
+
+        // The tail wraps: slot 3, then slots 0 and 1 of the next pass.
+        for cid in 3..6u16 {
+            q.push(&Sqe::flush(1).with_cid(cid));
+        }
+        q.ring_submissions(&host);
+        assert_eq!(host.take(), vec![(0x1008, 2)]);
+        post(cq, 3, 13, true);
+        post(cq, 0, 14, false);
+        post(cq, 1, 15, false);
+        let cids: Vec<u16> = std::iter::from_fn(|| q.pop()).map(|c| c.cid).collect();
+        assert_eq!(cids, vec![13, 14, 15], "second pass entries carry phase 0");
+        // Slot 2 still holds the first pass's entry (phase 1): not new.
+        assert!(q.pop().is_none());
+        q.ring_completions(&host);
+        assert_eq!(host.take(), vec![(0x100C, 2)]);
+    }
+
+    #[test]
+    fn a_rewind_drops_unrung_submissions() {
+        let mem = Memory::anonymous(8192).unwrap();
+        let sq = NonNull::new(mem.as_ptr().cast::<Sqe>()).unwrap();
+        // SAFETY: the second page of the mapping.
+        let cq = NonNull::new(unsafe { mem.as_ptr().add(4096) }.cast::<Cqe>()).unwrap();
+        // SAFETY: as above.
+        let mut q = unsafe { QueuePair::new(1, 4, sq, cq, 0) };
+        let host = Recorder::default();
+        let t = q.tail();
+        q.push(&Sqe::flush(1));
+        q.rewind(t);
+        assert!(!q.ring_submissions(&host));
+        assert!(host.take().is_empty());
+    }
+}
