@@ -239,20 +239,7 @@ impl VfioHost {
         };
         ioctl_ptr(gfd, VFIO_GROUP_GET_STATUS, &mut status).map_err(HostError::GroupStatus)?;
         if status.flags & VFIO_GROUP_FLAGS_VIABLE == 0 {
-            let others = func
-                .group_peers
-                .iter()
-                .map(|(d, drv)| format!("{d} (driver {drv})"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            return Err(HostError::GroupNotViable {
-                group: func.group,
-                others: if others.is_empty() {
-                    "none found in sysfs".into()
-                } else {
-                    others
-                },
-            });
+            return Err(not_viable(func.group, &func.group_peers));
         }
         let mut cfd_arg: libc::c_int = cfd;
         ioctl_ptr(gfd, VFIO_GROUP_SET_CONTAINER, &mut cfd_arg).map_err(HostError::SetContainer)?;
@@ -294,6 +281,23 @@ impl VfioHost {
             ranges,
             memlock: memlock(),
         })
+    }
+}
+
+/// The error for a group the kernel calls not viable, naming the other devices in it.
+fn not_viable(group: u32, peers: &[(String, String)]) -> HostError {
+    let others = peers
+        .iter()
+        .map(|(d, drv)| format!("{d} (driver {drv})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    HostError::GroupNotViable {
+        group,
+        others: if others.is_empty() {
+            "none found in sysfs".into()
+        } else {
+            others
+        },
     }
 }
 
@@ -521,6 +525,21 @@ mod tests {
         assert_eq!(VFIO_IOMMU_GET_INFO, 0x3B70);
         assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3B71);
         assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3B72);
+    }
+
+    #[test]
+    fn a_group_that_is_not_viable_names_its_other_devices() {
+        let peers = vec![
+            ("0000:00:05.0".to_string(), "e1000".to_string()),
+            ("0000:00:05.1".to_string(), "none".to_string()),
+        ];
+        let e = not_viable(7, &peers).to_string();
+        assert!(e.contains("IOMMU group 7 is not viable"), "{e}");
+        assert!(
+            e.contains("0000:00:05.0 (driver e1000), 0000:00:05.1 (driver none)"),
+            "{e}"
+        );
+        assert!(not_viable(7, &[]).to_string().contains("none found"));
     }
 
     /// An IOMMU info answer: the 24-byte header, a DMA-avail cap (id 3), then an IOVA range cap.
