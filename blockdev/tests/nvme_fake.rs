@@ -469,6 +469,29 @@ fn a_fatal_controller_stops_the_device_and_fails_what_was_in_flight() {
 }
 
 #[test]
+fn data_survives_reopen_and_the_last_block_is_addressable() {
+    let (mut dev, h) = open_with(FakeConfig::default(), small_opts());
+    let last = dev.info().capacity / 4096 - 1;
+    let identity = dev.info().identity.clone();
+    dev.write_at(last * 4096, &[0xab; 4096]).unwrap();
+    dev.write_at(0, &[0xcd; 8192]).unwrap();
+    SyncIo::flush(&mut dev).unwrap();
+    // A process that dies leaves the controller enabled; the next open resets it.
+    std::mem::forget(dev);
+    let mut dev = NvmeDevice::with_host(h.reconnect(), 1, small_opts()).unwrap();
+    assert_eq!(dev.info().identity, identity);
+    assert_eq!(dev.read_at(last * 4096, 4096).unwrap(), vec![0xab; 4096]);
+    let head = dev.read_at(0, 3 * 4096).unwrap();
+    assert!(head[..8192].iter().all(|&x| x == 0xcd));
+    assert!(head[8192..].iter().all(|&x| x == 0));
+    assert_eq!(
+        h.stats().disables,
+        1,
+        "the second open disabled the running controller"
+    );
+}
+
+#[test]
 fn close_shuts_down_and_unmaps_everything() {
     let (mut dev, h) = open_with(FakeConfig::default(), small_opts());
     dev.write_at(0, &[7u8; 8192]).unwrap();

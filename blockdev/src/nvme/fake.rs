@@ -267,6 +267,21 @@ impl FakeHandle {
         lock(&self.state).pci_command
     }
 
+    /// A new host side for the same controller and namespace, as after the process restarted:
+    /// the controller keeps its registers (a driver must reset it), the namespace keeps its data,
+    /// and the old process's DMA mappings are gone.
+    pub fn reconnect(&self) -> FakeHost {
+        let mut s = lock(&self.state);
+        s.maps.clear();
+        FakeHost {
+            name: "fake:0000:00:04.0".into(),
+            ranges: s.cfg.iova_ranges.clone(),
+            memlock: s.cfg.memlock,
+            bar_len: s.cfg.bar_len,
+            state: Arc::clone(&self.state),
+        }
+    }
+
     /// Number of live DMA mappings.
     pub fn live_mappings(&self) -> usize {
         lock(&self.state).maps.len()
