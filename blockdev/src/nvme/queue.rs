@@ -204,14 +204,19 @@ mod tests {
         unsafe { cq.as_ptr().add(slot).write_volatile(c) };
     }
 
+    /// A 4-entry queue pair for queue 1: SQ in the first page of `mem`, CQ in the second.
+    fn pair(mem: &Memory) -> (QueuePair, NonNull<Sqe>, NonNull<Cqe>) {
+        let sq = NonNull::new(mem.as_ptr().cast::<Sqe>()).unwrap();
+        // SAFETY: the second page of the two-page mapping.
+        let cq = NonNull::new(unsafe { mem.as_ptr().add(4096) }.cast::<Cqe>()).unwrap();
+        // SAFETY: 4 entries of each fit in their page of zeroed memory that outlives the test.
+        (unsafe { QueuePair::new(1, 4, sq, cq, 0) }, sq, cq)
+    }
+
     #[test]
     fn doorbells_batch_and_the_phase_flips_on_wrap_around() {
         let mem = Memory::anonymous(8192).unwrap();
-        let sq = NonNull::new(mem.as_ptr().cast::<Sqe>()).unwrap();
-        // SAFETY: the second page of the mapping.
-        let cq = NonNull::new(unsafe { mem.as_ptr().add(4096) }.cast::<Cqe>()).unwrap();
-        // SAFETY: 4 entries of each fit in their page of zeroed memory owned by this test.
-        let mut q = unsafe { QueuePair::new(1, 4, sq, cq, 0) };
+        let (mut q, sq, cq) = pair(&mem);
         let host = Recorder::default();
 
         for cid in 0..3u16 {
@@ -252,11 +257,7 @@ mod tests {
     #[test]
     fn a_rewind_drops_unrung_submissions() {
         let mem = Memory::anonymous(8192).unwrap();
-        let sq = NonNull::new(mem.as_ptr().cast::<Sqe>()).unwrap();
-        // SAFETY: the second page of the mapping.
-        let cq = NonNull::new(unsafe { mem.as_ptr().add(4096) }.cast::<Cqe>()).unwrap();
-        // SAFETY: as above.
-        let mut q = unsafe { QueuePair::new(1, 4, sq, cq, 0) };
+        let (mut q, _, _) = pair(&mem);
         let host = Recorder::default();
         let t = q.tail();
         q.push(&Sqe::flush(1));
