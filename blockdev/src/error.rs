@@ -53,6 +53,21 @@ pub enum DeviceError {
     Stopped { op: Op, lba: u64 },
     #[error("timed out after {millis} ms waiting for {op} completions")]
     Timeout { op: Op, millis: u64 },
+    /// An NVMe command completed with an error status. `lba` is the first block of the failing
+    /// command, which for a split transfer may lie inside the caller's I/O.
+    #[error(
+        "{op} at block {lba} failed: NVMe command {opcode:#04x} completed with status \
+         SCT {sct:#x} / SC {sc:#04x} ({meaning}), do-not-retry={dnr}"
+    )]
+    Nvme {
+        op: Op,
+        lba: u64,
+        opcode: u8,
+        sct: u8,
+        sc: u8,
+        dnr: bool,
+        meaning: &'static str,
+    },
 }
 
 impl DeviceError {
@@ -64,7 +79,8 @@ impl DeviceError {
             | DeviceError::Io { op, .. }
             | DeviceError::Open { op, .. }
             | DeviceError::Stopped { op, .. }
-            | DeviceError::Timeout { op, .. } => *op,
+            | DeviceError::Timeout { op, .. }
+            | DeviceError::Nvme { op, .. } => *op,
         }
     }
 }

@@ -13,6 +13,8 @@
 mod buffer;
 mod error;
 pub mod file;
+#[cfg(target_os = "linux")]
+pub mod nvme;
 pub mod sim;
 mod sync;
 

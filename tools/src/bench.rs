@@ -16,7 +16,7 @@ use crate::devspec::DeviceSpec;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Device: `file:<path>` (created if missing), or `sim[:flush=4.4ms,write=20us,capacity=4G,plp=false,serialize=false]`.
+    /// Device: `file:<path>` (created if missing), `nvme:<pci>[,ns=<id>]` (needs --force), or `sim[:flush=4.4ms,write=20us,capacity=4G,plp=false,serialize=false]`.
     #[arg(long, default_value = "file:./nvmq-data/bench.img")]
     pub device: String,
     /// Size of a device file the bench creates.
@@ -37,7 +37,7 @@ pub struct BenchArgs {
     /// Flushes the writer keeps in flight.
     #[arg(long, default_value_t = 4)]
     pub flushes_in_flight: usize,
-    /// Format an existing file that is not the bench's own default file.
+    /// Format an existing file that is not the bench's own default file, or an NVMe namespace.
     #[arg(long)]
     pub force: bool,
     /// Print results as JSON (one object) instead of a table.
@@ -102,6 +102,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 p.display()
             );
         }
+    }
+    if let (DeviceSpec::Nvme { pci, nsid }, false) = (&spec, args.force) {
+        bail!(
+            "the bench formats its device; pass --force to overwrite NVMe {pci} namespace {nsid}"
+        );
     }
     let mut dev = spec.open(Some(size), |_| Ok(()))?;
     let baseline = measure_baseline(&mut *dev)?;

@@ -1,4 +1,5 @@
-//! Device specifications on the command line: `sim[:key=value,...]`, `file:<path>` or a path.
+//! Device specifications on the command line: `sim[:key=value,...]`, `file:<path>`, a path, or
+//! `nvme:<PCI address>[,ns=<id>]` (the userspace driver; the function must be bound to vfio-pci).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use blockdev::BlockDevice;
 pub enum DeviceSpec {
     Sim(SimSpec),
     File(PathBuf),
+    Nvme { pci: String, nsid: u32 },
 }
 
 #[derive(Debug, Clone)]
@@ -58,8 +60,8 @@ impl std::str::FromStr for DeviceSpec {
             }
             return Ok(DeviceSpec::Sim(spec));
         }
-        if s.starts_with("nvme:") {
-            bail!("device {s:?}: the NVMe backend is not built yet; use file:<path> or sim");
+        if let Some(rest) = s.strip_prefix("nvme:") {
+            return parse_nvme(s, rest);
         }
         let path = s.strip_prefix("file:").unwrap_or(s);
         if path.is_empty() {
@@ -89,6 +91,7 @@ impl DeviceSpec {
                 init(&mut dev)?;
                 Ok(Box::new(dev))
             }
+            DeviceSpec::Nvme { pci, nsid } => open_nvme(pci, *nsid, init),
             DeviceSpec::File(p) => {
                 if let (Some(size), false) = (create, p.exists()) {
                     if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -106,6 +109,67 @@ impl DeviceSpec {
             }
         }
     }
+}
+
+/// `nvme:0000:00:04.0`, `nvme:00:04.0,ns=2`.
+fn parse_nvme(s: &str, rest: &str) -> Result<DeviceSpec> {
+    let mut parts = rest.split(',');
+    let addr = parts.next().unwrap_or("");
+    let mut nsid = 1u32;
+    for kv in parts {
+        match kv.split_once('=') {
+            Some(("ns", v)) => {
+                nsid = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    anyhow!("device {s:?}: ns={v:?} is not a namespace id (1, 2, ...)")
+                })?
+            }
+            _ => bail!("device {s:?}: unknown nvme option {kv:?} (ns=<id>)"),
+        }
+    }
+    let full = if addr.matches(':').count() == 1 {
+        format!("0000:{addr}")
+    } else {
+        addr.to_string()
+    };
+    let hex = |x: &str, n: usize| x.len() == n && x.chars().all(|c| c.is_ascii_hexdigit());
+    let ok = match full.split(':').collect::<Vec<_>>()[..] {
+        [dom, bus, devfn] => match devfn.split_once('.') {
+            Some((dev, f)) => {
+                hex(dom, 4) && hex(bus, 2) && hex(dev, 2) && f.len() == 1 && ("0".."8").contains(&f)
+            }
+            None => false,
+        },
+        _ => false,
+    };
+    if !ok {
+        bail!("device {s:?}: {addr:?} is not a PCI address like 0000:00:04.0");
+    }
+    Ok(DeviceSpec::Nvme {
+        pci: full.to_ascii_lowercase(),
+        nsid,
+    })
+}
+
+#[cfg(target_os = "linux")]
+fn open_nvme(
+    pci: &str,
+    nsid: u32,
+    init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
+) -> Result<Box<dyn BlockDevice>> {
+    use blockdev::nvme::{NvmeDevice, NvmeOptions};
+    let mut dev = NvmeDevice::open(pci, nsid, NvmeOptions::default())
+        .with_context(|| format!("opening NVMe device {pci} namespace {nsid}"))?;
+    init(&mut dev)?;
+    Ok(Box::new(dev))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_nvme(
+    pci: &str,
+    _nsid: u32,
+    _init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
+) -> Result<Box<dyn BlockDevice>> {
+    bail!("device nvme:{pci}: the NVMe backend needs Linux (VFIO)")
 }
 
 fn fixed(d: Duration) -> Latency {
@@ -195,11 +259,24 @@ mod tests {
             matches!("file:/x/y".parse::<DeviceSpec>().unwrap(), DeviceSpec::File(p) if p == std::path::Path::new("/x/y"))
         );
         assert!("file:".parse::<DeviceSpec>().is_err());
-        assert!("nvme:0000:00:03.0"
-            .parse::<DeviceSpec>()
-            .unwrap_err()
-            .to_string()
-            .contains("not built"));
+        assert!(matches!(
+            "nvme:0000:00:03.0".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Nvme { pci, nsid: 1 } if pci == "0000:00:03.0"
+        ));
+        assert!(matches!(
+            "nvme:00:1F.7,ns=2".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Nvme { pci, nsid: 2 } if pci == "0000:00:1f.7"
+        ));
+        for bad in [
+            "nvme:",
+            "nvme:0000:00:03",
+            "nvme:00:03.9",
+            "nvme:zz:00:03.0",
+            "nvme:00:03.0,ns=0",
+            "nvme:00:03.0,q=1",
+        ] {
+            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
+        }
         assert_eq!(parse_size("64k").unwrap(), 65536);
         assert!(parse_size("12 parsecs").is_err());
         assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));

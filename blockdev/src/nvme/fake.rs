@@ -1,0 +1,817 @@
+//! A software model of an NVMe controller behind the [`Host`] seam, for tests without hardware.
+//!
+//! It keeps BAR0 registers, reacts to CC writes (enable, disable, shutdown) and doorbells, reads
+//! submission entries out of the driver's DMA memory by IOVA (through the mappings the driver made
+//! with `dma_map`), executes admin commands and Write/Read/Flush against an in-memory namespace,
+//! walks PRP1/PRP2/PRP lists on its own, and posts completion entries with phase tags. Commands run
+//! synchronously when their doorbell is written, as far as the completion queue has room.
+//! Faults are injected through a [`FakeHandle`]. Steady-state I/O allocates nothing.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::command::{admin, io, Cqe, Sqe};
+use super::regs::{self, cc, csts};
+use super::status::Status;
+use super::sys::{Host, HostError, IovaRange, Memlock};
+
+/// What the software controller looks like.
+#[derive(Debug, Clone)]
+pub struct FakeConfig {
+    /// Maximum queue entries, 0's based (CAP.MQES).
+    pub mqes: u16,
+    /// CAP.TO in 500 ms units.
+    pub timeout_units: u8,
+    pub dstrd: u8,
+    /// MDTS as a power of two of 4 KiB pages; 0 = no limit.
+    pub mdts: u8,
+    pub nn: u32,
+    pub nsid: u32,
+    pub blocks: u64,
+    /// Block size as a power of two.
+    pub lbads: u8,
+    /// Metadata bytes per block of the active format.
+    pub ms: u16,
+    pub vwc_present: bool,
+    pub write_cache_enabled: bool,
+    pub awupf: u16,
+    pub serial: String,
+    pub model: String,
+    pub firmware: String,
+    pub iova_ranges: Vec<IovaRange>,
+    pub memlock: Memlock,
+    pub bar_len: usize,
+    /// CSTS.RDY never comes up after enabling.
+    pub never_ready: bool,
+    /// The controller starts enabled and ready, as another driver left it.
+    pub start_enabled: bool,
+}
+
+impl Default for FakeConfig {
+    fn default() -> Self {
+        FakeConfig {
+            mqes: 0x7FF,
+            timeout_units: 1,
+            dstrd: 0,
+            mdts: 5,
+            nn: 1,
+            nsid: 1,
+            blocks: 16384,
+            lbads: 12,
+            ms: 0,
+            vwc_present: true,
+            write_cache_enabled: true,
+            awupf: 0,
+            serial: "FAKE-0001".into(),
+            model: "nvmq fake controller".into(),
+            firmware: "1.0".into(),
+            iova_ranges: vec![IovaRange {
+                start: 0,
+                end: (1 << 39) - 1,
+            }],
+            memlock: Memlock {
+                limit: None,
+                privileged: false,
+            },
+            bar_len: 0x4000,
+            never_ready: false,
+            start_enabled: false,
+        }
+    }
+}
+
+/// What the controller saw, for assertions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FakeStats {
+    pub sq_doorbells: u64,
+    pub cq_doorbells: u64,
+    pub writes: u64,
+    pub reads: u64,
+    pub flushes: u64,
+    pub admin_commands: u64,
+    /// Commands whose PRP2 pointed at a PRP list.
+    pub prp_list_commands: u64,
+    /// Largest transfer of one command, in bytes.
+    pub max_command_bytes: u64,
+    pub enables: u64,
+    pub disables: u64,
+    pub shutdowns: u64,
+    /// AQA/ASQ/ACQ were written while the controller was enabled (the spec forbids it).
+    pub admin_regs_written_while_enabled: bool,
+    /// Admin opcodes in the order they ran (with the CNS for Identify in the high byte).
+    pub admin_log: Vec<u16>,
+    pub bus_master: bool,
+    pub dma_maps: u64,
+    pub mapped_bytes: u64,
+    /// Set Features Number of Queues was seen before any I/O queue was created.
+    pub queues_requested: bool,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Sq {
+    base: u64,
+    entries: u16,
+    head: u16,
+    tail: u16,
+    cqid: u16,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Cq {
+    base: u64,
+    entries: u16,
+    tail: u16,
+    head: u16,
+    phase: bool,
+    /// Entries executed but held back by `hold_completions`.
+    held: u16,
+}
+
+#[derive(Clone, Copy)]
+struct Map {
+    iova: u64,
+    vaddr: usize,
+    len: usize,
+}
+
+struct State {
+    cfg: FakeConfig,
+    cc: u32,
+    csts: u32,
+    aqa: u32,
+    asq: u64,
+    acq: u64,
+    pci_command: u16,
+    maps: Vec<Map>,
+    sqs: [Option<Sq>; 2],
+    cqs: [Option<Cq>; 2],
+    media: Vec<u8>,
+    hold: bool,
+    held: Vec<(u16, Cqe)>,
+    fail_next: Option<(u8, u16)>,
+    fail_dma_map: bool,
+    stats: FakeStats,
+    log: Option<Vec<(u8, u64, u32)>>,
+}
+
+/// The [`Host`] side of the software controller; give it to `NvmeDevice::with_host`.
+pub struct FakeHost {
+    name: String,
+    ranges: Vec<IovaRange>,
+    memlock: Memlock,
+    bar_len: usize,
+    state: Arc<Mutex<State>>,
+}
+
+/// The test's side: fault injection and inspection.
+#[derive(Clone)]
+pub struct FakeHandle {
+    state: Arc<Mutex<State>>,
+}
+
+/// A software controller: its host side and a handle for the test.
+pub fn controller(cfg: FakeConfig) -> (FakeHost, FakeHandle) {
+    let media = vec![0u8; (cfg.blocks as usize) << cfg.lbads];
+    let (cc, csts) = if cfg.start_enabled {
+        (cc::EN, csts::RDY)
+    } else {
+        (0, 0)
+    };
+    let state = Arc::new(Mutex::new(State {
+        cc,
+        csts,
+        aqa: 0,
+        asq: 0,
+        acq: 0,
+        pci_command: 0,
+        maps: Vec::with_capacity(16),
+        sqs: [None; 2],
+        cqs: [None; 2],
+        media,
+        hold: false,
+        held: Vec::with_capacity(usize::from(cfg.mqes) + 1),
+        fail_next: None,
+        fail_dma_map: false,
+        stats: FakeStats::default(),
+        log: None,
+        cfg: cfg.clone(),
+    }));
+    (
+        FakeHost {
+            name: "fake:0000:00:04.0".into(),
+            ranges: cfg.iova_ranges.clone(),
+            memlock: cfg.memlock,
+            bar_len: cfg.bar_len,
+            state: Arc::clone(&state),
+        },
+        FakeHandle { state },
+    )
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl FakeHandle {
+    pub fn stats(&self) -> FakeStats {
+        lock(&self.state).stats.clone()
+    }
+
+    /// Sets CSTS.CFS: the controller stops executing commands.
+    pub fn set_fatal(&self) {
+        lock(&self.state).csts |= csts::CFS;
+    }
+
+    /// The next command with `opcode` on an I/O queue fails with this status instead of running.
+    pub fn fail_next(&self, opcode: u8, sct: u8, sc: u8, dnr: bool) {
+        lock(&self.state).fail_next = Some((opcode, Status::field(sct, sc, dnr)));
+    }
+
+    /// The next DMA mapping fails (as with a too low RLIMIT_MEMLOCK inside the kernel).
+    pub fn fail_next_dma_map(&self) {
+        lock(&self.state).fail_dma_map = true;
+    }
+
+    /// While held, completions of I/O commands are kept back; `release` posts them in reverse
+    /// order, so tests see completions out of submission order.
+    pub fn hold_completions(&self) {
+        lock(&self.state).hold = true;
+    }
+
+    pub fn release(&self) {
+        let mut s = lock(&self.state);
+        s.hold = false;
+        while let Some((qid, cqe)) = s.held.pop() {
+            if let Some(cq) = s.cqs[usize::from(qid)].as_mut() {
+                cq.held -= 1;
+            }
+            s.post(qid, cqe);
+        }
+    }
+
+    /// Records (opcode, slba, blocks) of every I/O command from now on.
+    pub fn log_commands(&self) {
+        lock(&self.state).log = Some(Vec::new());
+    }
+
+    pub fn command_log(&self) -> Vec<(u8, u64, u32)> {
+        lock(&self.state).log.clone().unwrap_or_default()
+    }
+
+    /// Bytes of the namespace.
+    pub fn peek(&self, byte_offset: usize, len: usize) -> Vec<u8> {
+        lock(&self.state).media[byte_offset..byte_offset + len].to_vec()
+    }
+
+    /// The PCI command register as the driver left it.
+    pub fn pci_command(&self) -> u16 {
+        lock(&self.state).pci_command
+    }
+
+    /// A new host side for the same controller and namespace, as after the process restarted:
+    /// the controller keeps its registers (a driver must reset it), the namespace keeps its data,
+    /// and the old process's DMA mappings are gone.
+    pub fn reconnect(&self) -> FakeHost {
+        let mut s = lock(&self.state);
+        s.maps.clear();
+        FakeHost {
+            name: "fake:0000:00:04.0".into(),
+            ranges: s.cfg.iova_ranges.clone(),
+            memlock: s.cfg.memlock,
+            bar_len: s.cfg.bar_len,
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// Number of live DMA mappings.
+    pub fn live_mappings(&self) -> usize {
+        lock(&self.state).maps.len()
+    }
+}
+
+impl State {
+    fn page_size(&self) -> usize {
+        1 << (12 + (self.cc >> 7 & 0xF))
+    }
+
+    fn lbs(&self) -> usize {
+        1 << self.cfg.lbads
+    }
+
+    /// A CPU pointer to `len` bytes at `iova`, if one mapping holds them all.
+    fn translate(&self, iova: u64, len: usize) -> Option<*mut u8> {
+        self.maps.iter().find_map(|m| {
+            let off = iova.checked_sub(m.iova)? as usize;
+            (off.checked_add(len)? <= m.len).then(|| (m.vaddr + off) as *mut u8)
+        })
+    }
+
+    fn read_dma(&self, iova: u64, out: &mut [u8]) -> bool {
+        let Some(p) = self.translate(iova, out.len()) else {
+            return false;
+        };
+        // SAFETY: the driver mapped this memory with dma_map, whose contract keeps it allocated
+        // until dma_unmap; translate checked the range lies inside one mapping.
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+        true
+    }
+
+    fn write_dma(&self, iova: u64, data: &[u8]) -> bool {
+        let Some(p) = self.translate(iova, data.len()) else {
+            return false;
+        };
+        // SAFETY: as in read_dma.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        true
+    }
+
+    fn write_reg(&mut self, offset: usize, value: u32) {
+        if (regs::AQA..regs::ACQ + 8).contains(&offset) && self.cc & cc::EN != 0 {
+            self.stats.admin_regs_written_while_enabled = true;
+        }
+        match offset {
+            regs::CC => self.write_cc(value),
+            regs::AQA => self.aqa = value,
+            o if o == regs::ASQ => self.asq = (self.asq & !0xFFFF_FFFF) | u64::from(value),
+            o if o == regs::ASQ + 4 => self.asq = (self.asq & 0xFFFF_FFFF) | u64::from(value) << 32,
+            o if o == regs::ACQ => self.acq = (self.acq & !0xFFFF_FFFF) | u64::from(value),
+            o if o == regs::ACQ + 4 => self.acq = (self.acq & 0xFFFF_FFFF) | u64::from(value) << 32,
+            o if o >= regs::DOORBELLS => self.doorbell(o, value),
+            _ => {}
+        }
+    }
+
+    fn write_cc(&mut self, value: u32) {
+        let was = self.cc;
+        self.cc = value;
+        if was & cc::EN == 0 && value & cc::EN != 0 {
+            self.stats.enables += 1;
+            let sq_entries = (self.aqa & 0xFFF) as u16 + 1;
+            let cq_entries = (self.aqa >> 16 & 0xFFF) as u16 + 1;
+            self.sqs = [
+                Some(Sq {
+                    base: self.asq,
+                    entries: sq_entries,
+                    ..Sq::default()
+                }),
+                None,
+            ];
+            self.cqs = [
+                Some(Cq {
+                    base: self.acq,
+                    entries: cq_entries,
+                    phase: true,
+                    ..Cq::default()
+                }),
+                None,
+            ];
+            self.held.clear();
+            if !self.cfg.never_ready {
+                self.csts |= csts::RDY;
+            }
+        }
+        if was & cc::EN != 0 && value & cc::EN == 0 {
+            self.stats.disables += 1;
+            self.sqs = [None; 2];
+            self.cqs = [None; 2];
+            self.held.clear();
+            self.csts &= !(csts::RDY | csts::SHST_MASK);
+        }
+        if value & cc::SHN_MASK != 0 && was & cc::SHN_MASK == 0 {
+            self.stats.shutdowns += 1;
+            self.csts = (self.csts & !csts::SHST_MASK) | csts::SHST_COMPLETE;
+        }
+    }
+
+    fn doorbell(&mut self, offset: usize, value: u32) {
+        let stride = 4usize << self.cfg.dstrd;
+        let index = (offset - regs::DOORBELLS) / stride;
+        let qid = index / 2;
+        if qid > 1 {
+            return;
+        }
+        if index.is_multiple_of(2) {
+            self.stats.sq_doorbells += 1;
+            if let Some(sq) = self.sqs[qid].as_mut() {
+                sq.tail = value as u16 % sq.entries;
+            }
+        } else {
+            self.stats.cq_doorbells += 1;
+            if let Some(cq) = self.cqs[qid].as_mut() {
+                cq.head = value as u16 % cq.entries;
+            }
+        }
+        for q in 0..2 {
+            self.run(q);
+        }
+    }
+
+    /// Executes what is in submission queue `qid` while its completion queue has room.
+    fn run(&mut self, qid: usize) {
+        if self.csts & csts::CFS != 0 || self.cc & cc::EN == 0 {
+            return;
+        }
+        loop {
+            let Some(sq) = self.sqs[qid] else { return };
+            let Some(cq) = self.cqs[usize::from(sq.cqid)] else {
+                return;
+            };
+            let used = (cq.tail + cq.entries - cq.head) % cq.entries + cq.held;
+            if sq.head == sq.tail || used + 1 >= cq.entries {
+                return;
+            }
+            let mut raw = [0u8; 64];
+            if !self.read_dma(sq.base + u64::from(sq.head) * 64, &mut raw) {
+                // The driver gave a queue address it never mapped: a real device would fault.
+                self.csts |= csts::CFS;
+                return;
+            }
+            // SAFETY: Sqe is repr(C) of plain integers, 64 bytes; any bit pattern is valid.
+            let sqe: Sqe = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
+            let head = (sq.head + 1) % sq.entries;
+            if let Some(s) = self.sqs[qid].as_mut() {
+                s.head = head;
+            }
+            let (status, dw0) = if qid == 0 {
+                self.stats.admin_commands += 1;
+                let cns = if sqe.opcode() == admin::IDENTIFY {
+                    sqe.cdw10 & 0xFF
+                } else {
+                    0
+                };
+                self.stats
+                    .admin_log
+                    .push(u16::from(sqe.opcode()) | (cns as u16) << 8);
+                self.admin(&sqe)
+            } else {
+                self.io(&sqe)
+            };
+            let cqe = Cqe {
+                dw0,
+                dw1: 0,
+                sq_head: head,
+                sq_id: qid as u16,
+                cid: sqe.cid(),
+                status: status << 1,
+            };
+            let cqid = sq.cqid;
+            if self.hold && qid != 0 {
+                if let Some(c) = self.cqs[usize::from(cqid)].as_mut() {
+                    c.held += 1;
+                }
+                self.held.push((cqid, cqe));
+            } else {
+                self.post(cqid, cqe);
+            }
+        }
+    }
+
+    fn post(&mut self, cqid: u16, mut cqe: Cqe) {
+        let Some(cq) = self.cqs[usize::from(cqid)] else {
+            return;
+        };
+        cqe.status = (cqe.status & !1) | u16::from(cq.phase);
+        let ok = self.write_dma(cq.base + u64::from(cq.tail) * 16, &as_bytes(&cqe));
+        if !ok {
+            self.csts |= csts::CFS;
+            return;
+        }
+        if let Some(c) = self.cqs[usize::from(cqid)].as_mut() {
+            c.tail = (c.tail + 1) % c.entries;
+            if c.tail == 0 {
+                c.phase = !c.phase;
+            }
+        }
+    }
+
+    fn admin(&mut self, sqe: &Sqe) -> (u16, u32) {
+        let ok = (0, 0);
+        let invalid_field = (Status::field(0, 0x02, true), 0);
+        match sqe.opcode() {
+            admin::IDENTIFY => {
+                let mut d = [0u8; 4096];
+                match sqe.cdw10 & 0xFF {
+                    0x01 => self.controller_data(&mut d),
+                    0x00 => {
+                        if sqe.nsid == 0 || sqe.nsid > self.cfg.nn {
+                            return (Status::field(0, 0x0B, true), 0);
+                        }
+                        if sqe.nsid == self.cfg.nsid {
+                            self.namespace_data(&mut d);
+                        }
+                    }
+                    _ => return invalid_field,
+                }
+                if !self.write_dma(sqe.prp1, &d) {
+                    return (Status::field(0, 0x04, true), 0);
+                }
+                ok
+            }
+            admin::GET_FEATURES => match sqe.cdw10 & 0xFF {
+                0x06 if self.cfg.vwc_present => (0, u32::from(self.cfg.write_cache_enabled)),
+                _ => invalid_field,
+            },
+            admin::SET_FEATURES => match sqe.cdw10 & 0xFF {
+                0x07 => {
+                    if self.sqs[1].is_some() || self.cqs[1].is_some() {
+                        return (Status::field(0, 0x0C, true), 0);
+                    }
+                    self.stats.queues_requested = true;
+                    ok
+                }
+                0x06 if self.cfg.vwc_present => {
+                    self.cfg.write_cache_enabled = sqe.cdw11 & 1 == 1;
+                    ok
+                }
+                _ => invalid_field,
+            },
+            admin::CREATE_IO_CQ => {
+                let (qid, entries) = (sqe.cdw10 as u16, (sqe.cdw10 >> 16) as u16 + 1);
+                if qid != 1 || self.cqs[1].is_some() {
+                    return (Status::field(1, 0x01, true), 0);
+                }
+                if entries < 2 || entries > self.cfg.mqes + 1 || sqe.cdw11 & 1 == 0 {
+                    return (Status::field(1, 0x02, true), 0);
+                }
+                self.cqs[1] = Some(Cq {
+                    base: sqe.prp1,
+                    entries,
+                    phase: true,
+                    ..Cq::default()
+                });
+                ok
+            }
+            admin::CREATE_IO_SQ => {
+                let (qid, entries) = (sqe.cdw10 as u16, (sqe.cdw10 >> 16) as u16 + 1);
+                let cqid = (sqe.cdw11 >> 16) as u16;
+                if qid != 1 || self.sqs[1].is_some() {
+                    return (Status::field(1, 0x01, true), 0);
+                }
+                if cqid != 1 || self.cqs[1].is_none() {
+                    return (Status::field(1, 0x00, true), 0);
+                }
+                if entries < 2 || entries > self.cfg.mqes + 1 {
+                    return (Status::field(1, 0x02, true), 0);
+                }
+                self.sqs[1] = Some(Sq {
+                    base: sqe.prp1,
+                    entries,
+                    cqid,
+                    ..Sq::default()
+                });
+                ok
+            }
+            admin::DELETE_IO_SQ => {
+                self.sqs[1] = None;
+                ok
+            }
+            admin::DELETE_IO_CQ => {
+                self.cqs[1] = None;
+                ok
+            }
+            _ => (Status::field(0, 0x01, true), 0),
+        }
+    }
+
+    fn controller_data(&self, d: &mut [u8; 4096]) {
+        d[0..2].copy_from_slice(&0x1b36u16.to_le_bytes());
+        pad(&mut d[4..24], &self.cfg.serial);
+        pad(&mut d[24..64], &self.cfg.model);
+        pad(&mut d[64..72], &self.cfg.firmware);
+        d[77] = self.cfg.mdts;
+        d[512] = 0x66;
+        d[513] = 0x44;
+        d[516..520].copy_from_slice(&self.cfg.nn.to_le_bytes());
+        d[525] = if self.cfg.vwc_present { 0x07 } else { 0x00 };
+        d[528..530].copy_from_slice(&self.cfg.awupf.to_le_bytes());
+    }
+
+    fn namespace_data(&self, d: &mut [u8; 4096]) {
+        for at in [0, 8, 16] {
+            d[at..at + 8].copy_from_slice(&self.cfg.blocks.to_le_bytes());
+        }
+        // Two formats: 512 B without metadata, and the configured one, which is active.
+        d[25] = 1;
+        d[26] = 1;
+        d[128..132].copy_from_slice(&(9u32 << 16).to_le_bytes());
+        let f = u32::from(self.cfg.lbads) << 16 | u32::from(self.cfg.ms);
+        d[132..136].copy_from_slice(&f.to_le_bytes());
+    }
+
+    fn io(&mut self, sqe: &Sqe) -> (u16, u32) {
+        if let Some((op, status)) = self.fail_next {
+            if op == sqe.opcode() {
+                self.fail_next = None;
+                return (status, 0);
+            }
+        }
+        if sqe.nsid != self.cfg.nsid {
+            return (Status::field(0, 0x0B, true), 0);
+        }
+        match sqe.opcode() {
+            io::FLUSH => {
+                self.stats.flushes += 1;
+                (0, 0)
+            }
+            op @ (io::WRITE | io::READ) => {
+                let (slba, blocks) = (sqe.slba(), sqe.blocks());
+                if let Some(log) = self.log.as_mut() {
+                    log.push((op, slba, blocks));
+                }
+                let len = blocks as usize * self.lbs();
+                let mdts = (self.cfg.mdts != 0).then(|| 4096usize << self.cfg.mdts);
+                if mdts.is_some_and(|m| len > m) {
+                    return (Status::field(0, 0x02, true), 0);
+                }
+                if slba
+                    .checked_add(u64::from(blocks))
+                    .is_none_or(|end| end > self.cfg.blocks)
+                {
+                    return (Status::field(0, 0x80, true), 0);
+                }
+                self.stats.max_command_bytes = self.stats.max_command_bytes.max(len as u64);
+                if op == io::WRITE {
+                    self.stats.writes += 1;
+                } else {
+                    self.stats.reads += 1;
+                }
+                match self.transfer(sqe, slba as usize * self.lbs(), len, op == io::WRITE) {
+                    Ok(()) => (0, 0),
+                    Err(status) => (status, 0),
+                }
+            }
+            _ => (Status::field(0, 0x01, true), 0),
+        }
+    }
+
+    /// Moves `len` bytes between the namespace at `at` and the memory the PRPs describe.
+    fn transfer(&mut self, sqe: &Sqe, at: usize, len: usize, write: bool) -> Result<(), u16> {
+        let page = self.page_size();
+        let bad_offset = Status::field(0, 0x13, true);
+        let transfer_error = Status::field(0, 0x04, true);
+        let mut done = 0usize;
+        let mut segment = |state: &mut State, iova: u64, n: usize| -> Result<(), u16> {
+            let Some(p) = state.translate(iova, n) else {
+                return Err(transfer_error);
+            };
+            let media = &mut state.media[at + done..at + done + n];
+            // SAFETY: as in read_dma: a mapped range of n bytes that the driver keeps allocated.
+            unsafe {
+                if write {
+                    std::ptr::copy_nonoverlapping(p, media.as_mut_ptr(), n);
+                } else {
+                    std::ptr::copy_nonoverlapping(media.as_ptr(), p, n);
+                }
+            }
+            done += n;
+            Ok(())
+        };
+        if !sqe.prp1.is_multiple_of(4) {
+            return Err(bad_offset);
+        }
+        let first = len.min(page - (sqe.prp1 as usize % page));
+        segment(self, sqe.prp1, first)?;
+        let mut rest = len - first;
+        if rest == 0 {
+            return Ok(());
+        }
+        if rest <= page {
+            if !(sqe.prp2 as usize).is_multiple_of(page) {
+                return Err(bad_offset);
+            }
+            return segment(self, sqe.prp2, rest);
+        }
+        self.stats.prp_list_commands += 1;
+        if !sqe.prp2.is_multiple_of(8) {
+            return Err(bad_offset);
+        }
+        let per_page = page / 8;
+        let mut list = sqe.prp2;
+        while rest > 0 {
+            let mut e = [0u8; 8];
+            if !self.read_dma(list, &mut e) {
+                return Err(transfer_error);
+            }
+            let entry = u64::from_le_bytes(e);
+            let last_in_page = (list as usize % page) / 8 == per_page - 1;
+            if last_in_page && rest > page {
+                // The last entry of a full list page chains to the next list page.
+                list = entry;
+                continue;
+            }
+            if !(entry as usize).is_multiple_of(page) {
+                return Err(bad_offset);
+            }
+            let n = rest.min(page);
+            segment(self, entry, n)?;
+            rest -= n;
+            list += 8;
+        }
+        Ok(())
+    }
+}
+
+fn pad(dst: &mut [u8], s: &str) {
+    dst.fill(b' ');
+    let n = s.len().min(dst.len());
+    dst[..n].copy_from_slice(&s.as_bytes()[..n]);
+}
+
+fn as_bytes(c: &Cqe) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[0..4].copy_from_slice(&c.dw0.to_le_bytes());
+    b[4..8].copy_from_slice(&c.dw1.to_le_bytes());
+    b[8..10].copy_from_slice(&c.sq_head.to_le_bytes());
+    b[10..12].copy_from_slice(&c.sq_id.to_le_bytes());
+    b[12..14].copy_from_slice(&c.cid.to_le_bytes());
+    b[14..16].copy_from_slice(&c.status.to_le_bytes());
+    b
+}
+
+impl Host for FakeHost {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn bar_len(&self) -> usize {
+        self.bar_len
+    }
+
+    fn read32(&self, offset: usize) -> u32 {
+        let s = lock(&self.state);
+        let cap = u64::from(s.cfg.mqes)
+            | 1 << 16
+            | u64::from(s.cfg.timeout_units) << 24
+            | u64::from(s.cfg.dstrd) << 32
+            | 1 << 37
+            | 4 << 52;
+        match offset {
+            regs::CAP => cap as u32,
+            o if o == regs::CAP + 4 => (cap >> 32) as u32,
+            regs::VS => 0x0001_0400,
+            regs::CC => s.cc,
+            regs::CSTS => s.csts,
+            regs::AQA => s.aqa,
+            _ => 0,
+        }
+    }
+
+    fn write32(&self, offset: usize, value: u32) {
+        lock(&self.state).write_reg(offset, value);
+    }
+
+    fn config_read16(&self, offset: u64) -> Result<u16, HostError> {
+        Ok(if offset == 4 {
+            lock(&self.state).pci_command
+        } else {
+            0
+        })
+    }
+
+    fn config_write16(&self, offset: u64, value: u16) -> Result<(), HostError> {
+        if offset == 4 {
+            let mut s = lock(&self.state);
+            s.pci_command = value;
+            s.stats.bus_master = value & 1 << 2 != 0;
+        }
+        Ok(())
+    }
+
+    fn iova_ranges(&self) -> &[IovaRange] {
+        &self.ranges
+    }
+
+    fn memlock(&self) -> Memlock {
+        self.memlock
+    }
+
+    unsafe fn dma_map(&mut self, vaddr: *mut u8, len: usize, iova: u64) -> Result<(), HostError> {
+        let mut s = lock(&self.state);
+        let inside = s.cfg.iova_ranges.is_empty()
+            || s.cfg
+                .iova_ranges
+                .iter()
+                .any(|r| iova >= r.start && iova + len as u64 - 1 <= r.end);
+        if std::mem::take(&mut s.fail_dma_map) || !inside {
+            let errno = if inside { libc::ENOMEM } else { libc::EINVAL };
+            return Err(HostError::DmaMap {
+                iova,
+                len,
+                source: std::io::Error::from_raw_os_error(errno),
+            });
+        }
+        s.maps.push(Map {
+            iova,
+            vaddr: vaddr as usize,
+            len,
+        });
+        s.stats.dma_maps += 1;
+        s.stats.mapped_bytes += len as u64;
+        Ok(())
+    }
+
+    fn dma_unmap(&mut self, iova: u64, len: usize) -> Result<(), HostError> {
+        let mut s = lock(&self.state);
+        s.maps.retain(|m| !(m.iova == iova && m.len == len));
+        Ok(())
+    }
+}
