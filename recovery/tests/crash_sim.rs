@@ -30,6 +30,11 @@ const REGRESSION_SEEDS: &[u64] = &[
     6015399947746486942,
 ];
 
+/// Seeds of the write/flush error campaign (20 cuts each, faults without bit rot) that once
+/// failed. 10443299422320433550: a flush failing while an earlier flush still ran doomed data that
+/// the earlier flush then reported durable (fixed in the sim's doom rule).
+const FAULT_REGRESSION_SEEDS: &[u64] = &[10443299422320433550];
+
 /// A device wrapper that cuts the power at its n-th submission: a cut *during* recovery.
 struct CutAfter {
     inner: SimDevice,
@@ -802,6 +807,18 @@ fn regression_seeds() {
             panic!("regression seed: {e}");
         }
     }
+    for &seed in FAULT_REGRESSION_SEEDS {
+        if let Err(e) = run(
+            seed,
+            20,
+            Knobs {
+                faults: true,
+                bitrot: false,
+            },
+        ) {
+            panic!("fault regression seed: {e}");
+        }
+    }
 }
 
 #[test]
@@ -820,11 +837,7 @@ fn power_cuts_with_a_fresh_seed() {
     );
 }
 
-/// Known open defect: about one seed in a hundred still ends in a refused open after a flush
-/// error (e.g. NVMQ_SEED=10443299422320433550: "record checksum mismatch" below a persisted durable
-/// through). Run it by hand with `--ignored` until that is fixed.
 #[test]
-#[ignore = "finds an open defect after flush errors; see the doc comment"]
 fn write_and_flush_errors_with_a_fresh_seed() {
     let (seeds, cuts) = seeds_from_env(400);
     let first = if std::env::var("NVMQ_SEED").is_ok() {
