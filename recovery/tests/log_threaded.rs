@@ -286,9 +286,7 @@ fn on_full_drop_oldest_frees_the_oldest_records_instead() {
 }
 
 fn tempdir() -> std::path::PathBuf {
-    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
+    let base = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let dir = base.join(format!(
         "log-threaded-{}-{:?}",
         std::process::id(),
