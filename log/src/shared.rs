@@ -65,6 +65,12 @@ pub struct SharedState {
     pub stats: WriterStats,
     pub epoch: u64,
     pub stopped: bool,
+    /// The index below the recovery point is still being rebuilt (readers below it wait).
+    pub backfill_pending: bool,
+    /// Why the rebuild stopped short: damage below the recovery point.
+    pub backfill_error: Option<String>,
+    /// Bytes the rebuild read.
+    pub backfill_bytes: u64,
 }
 
 /// The state plus a condition variable that wakes readers waiting for new durable data.

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use blockdev::{BlockDevice, Completion, IoBuffer};
 
+use crate::backfill::{Backfill, Backfilled};
 use crate::batch::BatchBuilder;
 use crate::config::{FlushMode, LogConfig, OnFull};
 use crate::format::{
@@ -58,6 +59,8 @@ pub enum Request {
         index: u32,
         ack: AckFn,
     },
+    /// The background index rebuild below the recovery point finished (see `backfill`).
+    Backfilled(Result<Backfilled, String>),
     /// Raw log bytes [position, position + len), for readers (the writer owns the device).
     Read {
         position: u64,
@@ -96,8 +99,11 @@ pub struct Resume {
     pub registry: Registry,
     /// Index entries of every retained durable batch, per partition, in offset order.
     pub index: HashMap<u32, VecDeque<IndexEntry>>,
-    /// Retained durable batches from the head up to the tail.
+    /// Retained durable batches from the head up to the tail (from the recovery point up when
+    /// `backfill` is set).
     pub retained: VecDeque<RetainedBatch>,
+    /// The part of the log below the recovery point still to be indexed, in the background.
+    pub backfill: Option<Backfill>,
 }
 
 const TAG_WRITE: u64 = 1 << 56;
@@ -190,6 +196,11 @@ pub struct Writer<D: BlockDevice> {
     /// The owner is shutting down: flush whatever the relaxed modes left in the cache, so that a
     /// clean stop loses nothing.
     closing: bool,
+    /// The background index rebuild, until its owner takes it to run.
+    backfill: Option<Backfill>,
+    /// Until the rebuild is installed, retention frees nothing: the batches below the recovery
+    /// point are not known yet.
+    backfill_pending: bool,
     batches: VecDeque<InFlight>,
     writes_in_flight: usize,
     write_tags: HashMap<u64, u64>,
@@ -269,6 +280,8 @@ impl<D: BlockDevice> Writer<D> {
             flush_requested: resume.tail,
             last_flush_ns: 0,
             closing: false,
+            backfill: resume.backfill,
+            backfill_pending: resume.backfill.is_some(),
             batches: VecDeque::new(),
             writes_in_flight: 0,
             write_tags: HashMap::new(),
@@ -302,6 +315,7 @@ impl<D: BlockDevice> Writer<D> {
         s.durable = self.durable;
         s.head = self.head();
         s.epoch = self.epoch;
+        s.backfill_pending = self.backfill_pending;
         for p in self.registry.iter() {
             s.partitions.insert(
                 p.id,
@@ -338,6 +352,61 @@ impl<D: BlockDevice> Writer<D> {
         self.fatal.as_ref()
     }
 
+    /// The background index rebuild to run (once): `Log::start` runs it on a thread of its own; a
+    /// caller stepping the writer runs it with reads through the stepped writer. Its result comes
+    /// back as `Request::Backfilled`.
+    pub fn take_backfill(&mut self) -> Option<Backfill> {
+        self.backfill.take()
+    }
+
+    /// Runs the background index rebuild right here, for owners that step the writer themselves
+    /// (simulations, tools): `read` fetches raw log bytes by stepping this writer.
+    pub fn backfill_with(
+        &mut self,
+        mut read: impl FnMut(&mut Self, u64, u64) -> Result<Vec<u8>, LogError>,
+    ) {
+        let Some(job) = self.take_backfill() else {
+            return;
+        };
+        let result = job.run(&mut |position, len| read(self, position, len));
+        self.install_backfill(result);
+    }
+
+    /// Installs the index below the recovery point in front of what the writer has indexed since.
+    fn install_backfill(&mut self, result: Result<Backfilled, String>) {
+        if !self.backfill_pending {
+            return;
+        }
+        self.backfill_pending = false;
+        let mut s = self.shared.lock();
+        s.backfill_pending = false;
+        match result {
+            Ok(mut b) => {
+                s.backfill_bytes = b.bytes_read;
+                while let Some(r) = b.retained.pop_back() {
+                    self.retained.push_front(r);
+                }
+                for (id, v) in s.partitions.iter_mut() {
+                    if let Some(mut older) = b.index.remove(id) {
+                        older.extend(v.entries.drain(..));
+                        v.entries = older;
+                    }
+                    let start = v.entries.front().map_or(v.durable_end, |e| e.first_offset);
+                    v.start_offset = start;
+                    if let Some(p) = self.registry.get_mut(*id) {
+                        p.start_offset = start;
+                    }
+                }
+            }
+            Err(what) => {
+                tracing::error!(%what, "damage below the recovery point: older records of the log cannot be served");
+                s.backfill_error = Some(what);
+            }
+        }
+        drop(s);
+        self.shared.notify();
+    }
+
     /// Shutting down: from now on every write is flushed at once, whatever the flush mode.
     pub fn close(&mut self) {
         self.closing = true;
@@ -367,6 +436,7 @@ impl<D: BlockDevice> Writer<D> {
             match req {
                 Request::Append { ack, .. } | Request::CreatePartition { ack, .. } => ack(Err(e)),
                 Request::Read { reply, .. } => reply(Err(e)),
+                Request::Backfilled(_) => {}
             }
             return;
         }
@@ -417,6 +487,7 @@ impl<D: BlockDevice> Writer<D> {
                 len,
                 reply,
             } => self.start_read(position, len, reply),
+            Request::Backfilled(result) => self.install_backfill(result),
         }
     }
 
@@ -1094,6 +1165,9 @@ impl<D: BlockDevice> Writer<D> {
     /// the recovery point the next superblock names.
     fn wanted_head(&self, rp: u64, now: Now) -> u64 {
         let mut head = self.newest_sb().head;
+        if self.backfill_pending {
+            return head;
+        }
         // Free an eighth of the ring at a time: freeing only what the next batch needs would
         // cost two superblock updates (and their flushes) per batch once the ring is full.
         let need = if self.cfg.on_full == OnFull::DropOldest && self.space_needed_head > 0 {
