@@ -1,6 +1,7 @@
 //! The `nvmq` command.
 
 mod bench;
+mod bench_recovery;
 mod devspec;
 
 use anyhow::Result;
@@ -20,6 +21,10 @@ enum Command {
     /// percentiles, flushes/s, records per flush and write amplification, next to the device's own
     /// write+flush latency measured in the same run.
     Bench(bench::BenchArgs),
+    /// Measure recovery after a crash at full load: fill a file device's log with producers, kill
+    /// the process mid-load, reopen; prints the open time and bytes scanned, and when the index
+    /// below the recovery point (rebuilt in the background) is ready.
+    BenchRecovery(bench_recovery::BenchRecoveryArgs),
 }
 
 fn main() -> Result<()> {
@@ -33,5 +38,6 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench(a) => bench::run(a),
+        Command::BenchRecovery(a) => bench_recovery::run(a),
     }
 }
