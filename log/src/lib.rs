@@ -11,6 +11,7 @@ pub mod format;
 pub mod layout;
 pub mod mkfs;
 mod reader;
+pub mod scrub;
 pub mod shared;
 pub mod state;
 pub mod writer;
@@ -54,6 +55,7 @@ impl Log {
         let (tx, rx) = bounded(queue_capacity.max(1));
         let shared = writer.shared();
         let backfill = writer.take_backfill();
+        let scrub_rate = writer.config().scrub_rate;
         let geo = writer.geometry();
         let max_payload = writer.max_payload();
         let thread = std::thread::Builder::new()
@@ -69,6 +71,23 @@ impl Log {
         let cancel = Arc::new(AtomicBool::new(false));
         if let Some(job) = backfill {
             spawn_backfill(job, tx.clone(), cancel.clone());
+        }
+        if scrub_rate > 0 {
+            let (tx, cancel, shared) = (tx.clone(), cancel.clone(), shared.clone());
+            let stop = cancel.clone();
+            let spawned = std::thread::Builder::new()
+                .name("nvmq-scrub".into())
+                .spawn(move || {
+                    scrub::run(geo, shared, scrub_rate, cancel, |position, len| {
+                        if stop.load(Ordering::Relaxed) {
+                            return Err(LogError::Shutdown);
+                        }
+                        read_raw_via(&tx, position, len)
+                    })
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "could not start the scrub thread");
+            }
         }
         Log {
             tx: Some(tx),

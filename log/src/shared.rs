@@ -71,6 +71,8 @@ pub struct SharedState {
     pub backfill_error: Option<String>,
     /// Bytes the rebuild read.
     pub backfill_bytes: u64,
+    /// What the background scrub found.
+    pub scrub: crate::scrub::ScrubState,
 }
 
 /// The state plus a condition variable that wakes readers waiting for new durable data.

@@ -330,6 +330,10 @@ impl<D: BlockDevice> Writer<D> {
         }
     }
 
+    pub fn config(&self) -> &LogConfig {
+        &self.cfg
+    }
+
     pub fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
     }

@@ -173,6 +173,8 @@ impl World {
             max_writes_in_flight: rng.range(1, 4) as usize,
             idle_superblock: Duration::from_millis(rng.range(1, 50)),
             full_wait: Duration::from_millis(20),
+            // The stepped writer has no Log threads; scrubbing is tested on the threaded Log.
+            scrub_rate: 0,
         };
         let fmt = FormatOptions {
             window,

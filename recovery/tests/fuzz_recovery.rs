@@ -87,6 +87,7 @@ fn log_config(retain_bytes: Option<u64>) -> LogConfig {
         max_writes_in_flight: 2,
         idle_superblock: Duration::from_millis(5),
         full_wait: Duration::from_millis(20),
+        scrub_rate: 0,
     }
 }
 
