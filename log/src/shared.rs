@@ -39,6 +39,35 @@ impl PartitionView {
     }
 }
 
+/// Number of flush latency buckets: bucket `i` counts flushes that took less than 2^i µs and at
+/// least 2^(i-1) µs; the last one also takes everything slower (about 4 s and up).
+pub const FLUSH_LATENCY_BUCKETS: usize = 23;
+
+/// Flush latency, submission to completion seen by the writer, in power-of-two microsecond
+/// buckets: fixed size so that the stats stay a plain `Copy` value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlushLatency {
+    pub buckets: [u64; FLUSH_LATENCY_BUCKETS],
+    pub count: u64,
+    pub sum_ns: u64,
+}
+
+impl FlushLatency {
+    /// Upper bound in microseconds of bucket `i` (the last bucket is unbounded).
+    pub fn bucket_bound_us(i: usize) -> u64 {
+        1u64 << i
+    }
+
+    pub fn record(&mut self, nanos: u64) {
+        let us = nanos / 1000;
+        // The first bucket whose bound exceeds the latency.
+        let i = (u64::BITS - us.leading_zeros()) as usize;
+        self.buckets[i.min(FLUSH_LATENCY_BUCKETS - 1)] += 1;
+        self.count += 1;
+        self.sum_ns = self.sum_ns.saturating_add(nanos);
+    }
+}
+
 /// Counters the writer keeps; figures for `bench` and metrics.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WriterStats {
@@ -51,6 +80,7 @@ pub struct WriterStats {
     pub checkpoints: u64,
     pub reads: u64,
     pub corrupt_reads: u64,
+    pub flush_latency: FlushLatency,
 }
 
 #[derive(Debug, Default)]
@@ -105,6 +135,20 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flush_latency_lands_in_power_of_two_microsecond_buckets() {
+        let mut f = FlushLatency::default();
+        f.record(500); // 0 µs
+        f.record(1_500); // 1 µs: [1, 2)
+        f.record(3_000_000); // 3000 µs: [2048, 4096)
+        f.record(u64::MAX);
+        assert_eq!(f.buckets[0], 1);
+        assert_eq!(f.buckets[1], 1);
+        assert_eq!(f.buckets[12], 1);
+        assert_eq!(f.buckets[FLUSH_LATENCY_BUCKETS - 1], 1);
+        assert_eq!(f.count, 4);
+    }
 
     #[test]
     fn locate_finds_the_batch_holding_an_offset() {

@@ -137,6 +137,8 @@ struct InFlight {
 
 struct FlushSlot {
     tag: u64,
+    /// When it was submitted, for the flush latency figure.
+    submitted_ns: u64,
     covers: u64,
     covers_superblock: bool,
     result: Option<Result<(), blockdev::DeviceError>>,
@@ -410,6 +412,7 @@ impl<D: BlockDevice> Writer<D> {
         }
         let mut moved = !comps.is_empty();
         for c in comps.drain(..) {
+            self.note_flush_latency(&c, now);
             self.complete(c);
         }
         self.completions = comps;
@@ -680,6 +683,7 @@ impl<D: BlockDevice> Writer<D> {
         }
         self.flushes.push_back(FlushSlot {
             tag,
+            submitted_ns: now.mono_ns,
             covers: self.written_through,
             covers_superblock: sb_waiting,
             result: None,
@@ -688,6 +692,17 @@ impl<D: BlockDevice> Writer<D> {
         self.last_flush_ns = now.mono_ns;
         self.shared.lock().stats.flushes += 1;
         true
+    }
+
+    /// Counts a flush completion in the latency figure (metrics only; decides nothing).
+    fn note_flush_latency(&self, c: &Completion, now: Now) {
+        if c.tag & TAG_KIND != TAG_FLUSH {
+            return;
+        }
+        if let Some(f) = self.flushes.iter().find(|f| f.tag == c.tag) {
+            let took = now.mono_ns.saturating_sub(f.submitted_ns);
+            self.shared.lock().stats.flush_latency.record(took);
+        }
     }
 
     fn window_full(&self) -> bool {

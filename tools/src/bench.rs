@@ -86,7 +86,7 @@ pub struct Report {
 
 const DEFAULT_BENCH_FILE: &str = "./nvmq-data/bench.img";
 
-pub fn run(args: BenchArgs) -> Result<()> {
+pub fn run(args: BenchArgs) -> Result<crate::Status> {
     let spec: DeviceSpec = args.device.parse()?;
     let size = crate::devspec::parse_size(&args.size)?;
     let duration = crate::devspec::parse_duration(&args.duration)?;
@@ -190,7 +190,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         };
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
-    Ok(())
+    Ok(crate::Status::Ok)
 }
 
 /// The device alone: one writer doing 4 KiB write + flush in a loop, for about a second.
