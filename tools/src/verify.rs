@@ -154,29 +154,33 @@ pub fn run(a: VerifyArgs) -> Result<Status> {
     })
 }
 
-/// Damage is already known: sweeps the whole acknowledged range from the head for every place
-/// that does not check, resynchronising past each at the next block that holds a valid batch
-/// header at its own position. Stops at the largest durable point any superblock or header names.
+/// Damage is already known: sweeps the log from the head for every place that does not check,
+/// resynchronising past each at the next block that holds a valid batch header of this log at its
+/// own position. A place counts as damage when it lies below the largest durable point any
+/// superblock or batch header names; like recovery's probe, the sweep looks up to one window and
+/// one batch past that point for headers that raise it.
 fn further_damage(dev: &mut Device, geo: &Geometry, sb: &Superblock) -> Vec<Damage> {
     let rules = ChainRules {
         first_link: None,
-        epoch: 0,
-        epoch_start: u64::MAX,
+        epoch: sb.epoch,
+        epoch_start: sb.epoch_start,
     };
     let u = geo.write_unit;
+    let reach = geo.window + geo.max_batch;
     let mut bound = sb.durable_through;
-    let mut out = Vec::new();
+    let mut candidates: Vec<Damage> = Vec::new();
     let mut pos = sb.head;
     let mut in_gap = false;
-    while pos < bound && out.len() < MAX_DAMAGE_LISTED {
+    while pos < bound.saturating_add(reach) && candidates.len() < 4 * MAX_DAMAGE_LISTED {
         let off = geo.segments(pos, u)[0].0;
-        let header_ok = dev
+        let header = dev
             .read_at(off, u as usize)
             .ok()
-            .is_some_and(|b| BatchHeader::decode(&b, geo.format_id, pos, u as u32).is_ok());
-        if !header_ok {
+            .and_then(|b| BatchHeader::decode(&b, geo.format_id, pos, u as u32).ok());
+        let fenced = |h: &BatchHeader| pos >= sb.epoch_start && h.epoch < sb.epoch;
+        if !header.is_some_and(|(h, _)| !fenced(&h)) {
             if !in_gap {
-                out.push(Damage {
+                candidates.push(Damage {
                     position: pos,
                     what: "no valid batch header where one was expected".into(),
                 });
@@ -186,28 +190,24 @@ fn further_damage(dev: &mut Device, geo: &Geometry, sb: &Superblock) -> Vec<Dama
             continue;
         }
         in_gap = false;
-        let mut seen_durable = bound;
-        let scanned = recovery::scan_range(dev, geo, pos, Some(bound), rules, |h, _| {
-            seen_durable = seen_durable.max(h.durable_through);
+        let scanned = recovery::scan_range(dev, geo, pos, None, rules, |h, _| {
+            bound = bound.max(h.durable_through);
             Ok(())
         });
-        bound = bound.max(seen_durable);
         match scanned.stop {
-            StopOrEnd::End if scanned.cut >= bound => break,
-            StopOrEnd::End => pos = scanned.cut,
             StopOrEnd::Stop(s) => {
-                if s.position < bound {
-                    out.push(Damage {
-                        position: s.position,
-                        what: s.what,
-                    });
-                    in_gap = true;
-                }
                 pos = s.position + u;
+                candidates.push(Damage {
+                    position: s.position,
+                    what: s.what,
+                });
+                in_gap = true;
             }
+            StopOrEnd::End => break,
         }
     }
-    out
+    candidates.retain(|d| d.position < bound);
+    candidates
 }
 
 fn print_human(r: &Report) {
