@@ -189,7 +189,6 @@ fn further_damage(dev: &mut Device, geo: &Geometry, sb: &Superblock) -> Vec<Dama
             pos += u;
             continue;
         }
-        in_gap = false;
         let scanned = recovery::scan_range(dev, geo, pos, None, rules, |h, _| {
             bound = bound.max(h.durable_through);
             Ok(())

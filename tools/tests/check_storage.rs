@@ -1,0 +1,167 @@
+//! `nvmq check-storage`, run as a user runs it.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn a_directory_is_measured_on_a_temporary_file_that_is_removed() {
+    let d = temp_dir("check-dir");
+    let r = nvmq(&[
+        "check-storage",
+        "--dir",
+        d.to_str().unwrap(),
+        "--duration",
+        "200ms",
+        "--size",
+        "16M",
+    ]);
+    // This machine's disk may be anything from ideal to marginal; only "broken" exits 4.
+    assert!(r.code == 0 || r.code == 4, "{r}");
+    for want in [
+        "1 writer",
+        "8 writers",
+        "flush p50",
+        "p99",
+        "max",
+        "verdict",
+        "1024 producers",
+        "write bandwidth",
+        "not available on the file backend",
+    ] {
+        assert!(r.stdout.contains(want), "missing {want:?}: {r}");
+    }
+    assert_eq!(
+        std::fs::read_dir(&d).unwrap().count(),
+        0,
+        "the temporary file is gone"
+    );
+
+    let j = nvmq(&[
+        "check-storage",
+        "--dir",
+        d.to_str().unwrap(),
+        "--duration",
+        "200ms",
+        "--size",
+        "16M",
+        "--json",
+    ]);
+    let v = j.json();
+    let phases = v["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 2);
+    assert_eq!(phases[0]["writers"], 1);
+    assert_eq!(phases[1]["writers"], 8);
+    for p in phases {
+        assert!(p["cycles"].as_u64().unwrap() >= 1);
+        let (p50, p99, max) = (
+            p["flush_p50_us"].as_f64().unwrap(),
+            p["flush_p99_us"].as_f64().unwrap(),
+            p["flush_max_us"].as_f64().unwrap(),
+        );
+        assert!(0.0 < p50 && p50 <= p99 && p99 <= max * 1.001, "{p}");
+    }
+    let proj: Vec<u64> = v["projection"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["producers"].as_u64().unwrap())
+        .collect();
+    assert_eq!(proj, vec![1, 64, 1024]);
+    assert!(v["write_bandwidth_bytes_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["file_system"].as_str().map(|s| !s.is_empty()), Some(true));
+    assert_eq!(j.code == 4, v["verdict"] == "broken", "{j}");
+    assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
+}
+
+#[test]
+fn a_flush_slower_than_a_second_is_broken_and_fails_closed() {
+    let r = nvmq(&[
+        "check-storage",
+        "--device",
+        "sim:flush=1100ms,write=0",
+        "--duration",
+        "100ms",
+        "--json",
+    ]);
+    assert_eq!(r.code, 4, "{r}");
+    let v = r.json();
+    assert_eq!(v["verdict"], "broken");
+    assert!(v["worst_flush_p99_us"].as_f64().unwrap() >= 1_000_000.0);
+    assert!(v["nvme_health"]
+        .as_str()
+        .unwrap()
+        .contains("not available on the sim backend"));
+}
+
+#[test]
+fn verdict_bands_and_honesty_hints_follow_the_device() {
+    let good = nvmq(&[
+        "check-storage",
+        "--device",
+        "sim:flush=2500us,write=20us",
+        "--duration",
+        "300ms",
+    ]);
+    assert_eq!(good.code, 0, "{good}");
+    assert!(good.stdout.contains("verdict              GOOD"), "{good}");
+    assert!(!good.stdout.contains("SUSPICIOUS"), "{good}");
+
+    let fast = nvmq(&[
+        "check-storage",
+        "--device",
+        "sim:flush=5us,write=5us",
+        "--duration",
+        "200ms",
+    ]);
+    assert_eq!(fast.code, 0, "{fast}");
+    assert!(fast.stdout.contains("verdict              IDEAL"), "{fast}");
+    assert!(fast.stdout.contains("SUSPICIOUS: flush p50"), "{fast}");
+
+    let plp = nvmq(&[
+        "check-storage",
+        "--device",
+        "sim:flush=5us,write=5us,plp=true",
+        "--duration",
+        "200ms",
+    ]);
+    assert_eq!(plp.code, 0, "{plp}");
+    assert!(
+        !plp.stdout.contains("SUSPICIOUS"),
+        "a device without a volatile cache may flush fast: {plp}"
+    );
+    assert!(plp.stdout.contains("no volatile write cache"), "{plp}");
+}
+
+#[test]
+fn bad_input_is_refused_with_the_reason() {
+    let r = nvmq(&["check-storage", "--duration", "200ms"]);
+    assert_eq!(r.code, 2, "{r}");
+    assert!(
+        r.stderr.contains("--device") || r.stderr.contains("--dir"),
+        "{r}"
+    );
+    let r = nvmq(&["check-storage", "--device", "sim", "--duration", "soon"]);
+    assert_eq!(r.code, 2, "{r}");
+    assert!(r.stderr.contains("soon"), "{r}");
+    let d = temp_dir("check-bad");
+    let r = nvmq(&["check-storage", "--dir", d.join("nope").to_str().unwrap()]);
+    assert_eq!(r.code, 1, "{r}");
+    assert!(r.stderr.contains("not a directory"), "{r}");
+    // A device holding a log is not overwritten without --force.
+    let p = formatted(&d);
+    let before = read_file(&p);
+    let r = nvmq(&[
+        "check-storage",
+        "--device",
+        &spec(&p),
+        "--duration",
+        "100ms",
+    ]);
+    assert_eq!(r.code, 1, "{r}");
+    assert!(
+        r.stderr.contains("holds an nvmq log") && r.stderr.contains("--force"),
+        "{r}"
+    );
+    assert_eq!(read_file(&p), before);
+}
