@@ -254,6 +254,9 @@ fn run<D: BlockDevice>(mut w: Writer<D>, rx: Receiver<Request>, queue_capacity: 
                 Err(TryRecvError::Disconnected) => closing = true,
             }
         }
+        if closing {
+            w.close();
+        }
         let moved = w.step(now());
         if w.fatal().is_some() {
             // Everything still queued gets the error too; then the writer is gone.

@@ -205,6 +205,9 @@ pub struct Writer<D: BlockDevice> {
     completions: Vec<Completion>,
     last_activity_ns: u64,
     fatal: Option<LogError>,
+    /// The owner is shutting down: flush what is written even in a relaxed flush mode, so the
+    /// writer can become idle.
+    closing: bool,
     shared: Arc<Shared>,
 }
 
@@ -280,6 +283,7 @@ impl<D: BlockDevice> Writer<D> {
             completions: Vec::with_capacity(256),
             last_activity_ns: 0,
             fatal: None,
+            closing: false,
             shared,
         };
         w.publish_initial(resume.index);
@@ -328,6 +332,13 @@ impl<D: BlockDevice> Writer<D> {
     }
 
     /// The writer has nothing queued and nothing on the device.
+    /// Takes no more appends' worth of waiting: what is written gets flushed at once, whatever
+    /// the flush mode (with `flush = never` nothing else would flush it, and shutdown would wait
+    /// forever for the writer to become idle).
+    pub fn close(&mut self) {
+        self.closing = true;
+    }
+
     pub fn is_idle(&self) -> bool {
         self.pending.is_empty()
             && self.batches.is_empty()
@@ -653,6 +664,7 @@ impl<D: BlockDevice> Writer<D> {
             return false;
         }
         let urgent = sb_waiting
+            || self.closing
             || self.window_full()
             || self
                 .batches

@@ -208,6 +208,9 @@ fn check_value(root: &Command, sub: Option<&Command>, tokens: &[OsString]) -> Re
     argv.extend(tokens.iter().map(|t| t.as_os_str()));
     match relaxed.try_get_matches_from(argv) {
         Ok(_) => Ok(()),
+        // Flags required only together with others (e.g. --device unless --dir) are judged
+        // when the whole command line is parsed.
+        Err(e) if e.kind() == clap::error::ErrorKind::MissingRequiredArgument => Ok(()),
         Err(e) => {
             let text = e.to_string();
             let first = text.lines().next().unwrap_or("").trim();
