@@ -511,9 +511,9 @@ fn scenario(
     })
 }
 
-/// Doubling buckets from 1 µs, empty ones left out.
+/// Buckets from 1 µs growing by a quarter, empty ones left out.
 fn buckets(h: &Histogram<u64>) -> Vec<Bucket> {
-    h.iter_log(1000, 2.0)
+    h.iter_log(1000, 1.25)
         .filter(|v| v.count_since_last_iteration() > 0)
         .map(|v| Bucket {
             le_us: v.value_iterated_to() as f64 / 1e3,

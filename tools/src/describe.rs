@@ -106,6 +106,30 @@ pub fn bytes(n: u64) -> String {
     format!("{v:.1} {}", UNITS[u])
 }
 
+/// The geometry a superblock records, as `format` and `inspect` report it.
+#[derive(Serialize, Debug, Clone)]
+pub struct GeometryReport {
+    pub format_id: String,
+    pub write_unit: u32,
+    pub log_start: u64,
+    pub log_size: u64,
+    pub window: u64,
+    pub max_batch: u32,
+}
+
+impl GeometryReport {
+    pub fn new(sb: &Superblock) -> GeometryReport {
+        GeometryReport {
+            format_id: format!("{:#018x}", sb.format_id),
+            write_unit: sb.write_unit,
+            log_start: sb.log_start,
+            log_size: sb.log_size,
+            window: sb.window,
+            max_batch: sb.max_batch,
+        }
+    }
+}
+
 /// One superblock slot as the tools report it.
 #[derive(Serialize, Debug, Clone)]
 pub struct CopyReport {

@@ -53,6 +53,15 @@ pub fn examine(dev: &mut Device, pb: &ProgressBar) -> Examined {
     Examined { copies, result }
 }
 
+/// Data records in the retained log, as the rebuilt index counts them.
+pub fn retained_records(e: &Examination) -> u64 {
+    e.index
+        .values()
+        .flat_map(|v| v.iter())
+        .map(|x| x.end_offset - x.first_offset)
+        .sum()
+}
+
 /// How the retained log ends.
 #[derive(Serialize, Debug, Clone, PartialEq, Eq)]
 pub struct Ending {
@@ -112,11 +121,11 @@ pub fn ending(dev: &mut Device, e: &Examination) -> Ending {
     let fenced_epoch = |h: &BatchHeader| at >= e.chosen.epoch_start && h.epoch < e.chosen.epoch;
     match header {
         Some(Err(HeaderFault::Invalid(_))) if e.valid_past_tail == 0 => out.kind = "clean",
-        Some(Err(HeaderFault::Misplaced { header })) if e.valid_past_tail == 0 => {
-            // A header from an earlier lap of the ring: stale, not a tear.
-            if header.position % geo.log_size == at % geo.log_size {
-                out.kind = "clean";
-            }
+        // A header from an earlier lap of the ring: stale, not a tear.
+        Some(Err(HeaderFault::Misplaced { header }))
+            if e.valid_past_tail == 0 && header.position % geo.log_size == at % geo.log_size =>
+        {
+            out.kind = "clean"
         }
         Some(Ok((h, _))) if fenced_epoch(&h) && e.valid_past_tail == 0 => out.kind = "fenced",
         _ => {}

@@ -5,7 +5,7 @@ use nvmq_log::format::{BatchKind, RecordKind};
 use recovery::{ChainRules, Examination, RecoveryError, StopOrEnd};
 use serde::Serialize;
 
-use crate::describe::{bytes, CopyReport, DeviceReport};
+use crate::describe::{bytes, CopyReport, DeviceReport, GeometryReport};
 use crate::examined::{self, Ending};
 use crate::Status;
 
@@ -31,12 +31,8 @@ pub struct InspectArgs {
 #[derive(Serialize, Debug)]
 struct LogReport {
     chosen: char,
-    format_id: String,
-    write_unit: u32,
-    log_start: u64,
-    log_size: u64,
-    window: u64,
-    max_batch: u32,
+    #[serde(flatten)]
+    geometry: GeometryReport,
     head: u64,
     recovery_point: u64,
     checkpoint: u64,
@@ -146,12 +142,7 @@ fn log_report(e: &Examination, end: Ending) -> LogReport {
     let used = e.tail - sb.head;
     LogReport {
         chosen: recovery::slot_name(sb.copy),
-        format_id: format!("{:#018x}", sb.format_id),
-        write_unit: sb.write_unit,
-        log_start: sb.log_start,
-        log_size: sb.log_size,
-        window: sb.window,
-        max_batch: sb.max_batch,
+        geometry: GeometryReport::new(sb),
         head: sb.head,
         recovery_point: sb.recovery_point,
         checkpoint: sb.checkpoint,
@@ -164,12 +155,7 @@ fn log_report(e: &Examination, end: Ending) -> LogReport {
         free_bytes: sb.log_size.saturating_sub(used),
         used_percent: used as f64 * 100.0 / sb.log_size as f64,
         retained_batches: e.retained.len(),
-        retained_records: e
-            .index
-            .values()
-            .flat_map(|v| v.iter())
-            .map(|x| x.end_offset - x.first_offset)
-            .sum(),
+        retained_records: examined::retained_records(e),
     }
 }
 
@@ -252,14 +238,15 @@ fn print_human(r: &Report) {
         return;
     };
     println!("using superblock     {}", l.chosen);
-    println!("format id            {}", l.format_id);
+    let g = &l.geometry;
+    println!("format id            {}", g.format_id);
     println!(
         "geometry             write unit {} B, log {} at byte {}, window {}, max batch {}",
-        l.write_unit,
-        bytes(l.log_size),
-        l.log_start,
-        bytes(l.window),
-        bytes(u64::from(l.max_batch))
+        g.write_unit,
+        bytes(g.log_size),
+        g.log_start,
+        bytes(g.window),
+        bytes(u64::from(g.max_batch))
     );
     println!(
         "epoch                {} (from position {})",

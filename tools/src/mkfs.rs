@@ -7,7 +7,7 @@ use nvmq_log::mkfs::read_superblocks;
 use nvmq_log::FormatOptions;
 use serde::Serialize;
 
-use crate::describe::{bytes, DeviceReport};
+use crate::describe::{bytes, DeviceReport, GeometryReport};
 use crate::devspec::{parse_size, DeviceSpec};
 use crate::Status;
 
@@ -48,12 +48,8 @@ struct FormatReport {
     device_spec: String,
     created: bool,
     device: DeviceReport,
-    format_id: String,
-    write_unit: u32,
-    log_start: u64,
-    log_size: u64,
-    window: u64,
-    max_batch: u32,
+    #[serde(flatten)]
+    geometry: GeometryReport,
 }
 
 pub fn run(a: FormatArgs) -> Result<Status> {
@@ -115,12 +111,7 @@ pub fn run(a: FormatArgs) -> Result<Status> {
         device_spec: a.device.clone(),
         created,
         device: DeviceReport::new(dev.info(), spec.backend()),
-        format_id: format!("{:#018x}", sb.format_id),
-        write_unit: sb.write_unit,
-        log_start: sb.log_start,
-        log_size: sb.log_size,
-        window: sb.window,
-        max_batch: sb.max_batch,
+        geometry: GeometryReport::new(&sb),
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -140,6 +131,7 @@ fn print_human(r: &FormatReport, spec: &DeviceSpec) {
     for l in r.device.lines() {
         println!("  {l}");
     }
+    let r = &r.geometry;
     println!("log");
     println!("  format id            {}", r.format_id);
     println!("  write unit           {} B", r.write_unit);

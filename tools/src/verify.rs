@@ -90,12 +90,7 @@ pub fn run(a: VerifyArgs) -> Result<Status> {
             report.durable_through = Some(e.chosen.durable_through.max(e.max_durable_through));
             report.verified_bytes = e.tail - e.chosen.head;
             report.batches = e.retained.len() as u64;
-            report.records = e
-                .index
-                .values()
-                .flat_map(|v| v.iter())
-                .map(|x| x.end_offset - x.first_offset)
-                .sum();
+            report.records = examined::retained_records(e);
             report.bytes_read = e.scanned_bytes + e.indexed_bytes;
             report.end = Some(end);
         }
@@ -178,7 +173,7 @@ fn further_damage(dev: &mut Device, geo: &Geometry, sb: &Superblock) -> Vec<Dama
             .ok()
             .and_then(|b| BatchHeader::decode(&b, geo.format_id, pos, u as u32).ok());
         let fenced = |h: &BatchHeader| pos >= sb.epoch_start && h.epoch < sb.epoch;
-        if !header.is_some_and(|(h, _)| !fenced(&h)) {
+        if header.is_none_or(|(h, _)| fenced(&h)) {
             if !in_gap {
                 candidates.push(Damage {
                     position: pos,

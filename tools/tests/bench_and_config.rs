@@ -142,39 +142,41 @@ fn config_errors_name_the_key_and_the_value() {
         std::fs::write(&p, text).unwrap();
         p.to_str().unwrap().to_string()
     };
-    let typo = write("typo.toml", "[format]\nsise = \"1G\"\n");
-    let r = nvmq(&["--config", &typo, "format", "--device", "sim"]);
-    assert_eq!(r.code, 1, "{r}");
-    assert!(
-        r.stderr.contains("unknown key `format.sise`") && r.stderr.contains("size"),
-        "{r}"
-    );
-
-    let bad = write("bad.toml", "[format]\nsize = \"12 parsecs\"\n");
-    let r = nvmq(&["--config", &bad, "format", "--device", "sim"]);
-    assert_eq!(r.code, 1, "{r}");
-    assert!(
-        r.stderr.contains("`format.size`") && r.stderr.contains("12 parsecs"),
-        "{r}"
-    );
-
-    let section = write("section.toml", "[formatt]\ndevice = \"sim\"\n");
-    let r = nvmq(&["--config", &section, "format", "--device", "sim"]);
-    assert_eq!(r.code, 1, "{r}");
-    assert!(r.stderr.contains("unknown section [formatt]"), "{r}");
-
-    let switch = write("switch.toml", "[verify]\njson = \"yes\"\n");
-    let r = nvmq(&["--config", &switch, "verify", "--device", "sim"]);
-    assert_eq!(r.code, 1, "{r}");
-    assert!(
-        r.stderr.contains("`verify.json`") && r.stderr.contains("true or false"),
-        "{r}"
-    );
-
-    let syntax = write("syntax.toml", "[format\n");
-    let r = nvmq(&["--config", &syntax, "format", "--device", "sim"]);
-    assert_eq!(r.code, 1, "{r}");
-    assert!(r.stderr.contains("syntax.toml"), "{r}");
+    let cases: [(&str, &str, &str, &[&str]); 5] = [
+        (
+            "typo.toml",
+            "[format]\nsise = \"1G\"\n",
+            "format",
+            &["unknown key `format.sise`", "size"],
+        ),
+        (
+            "bad.toml",
+            "[format]\nsize = \"12 parsecs\"\n",
+            "format",
+            &["`format.size`", "12 parsecs"],
+        ),
+        (
+            "section.toml",
+            "[formatt]\ndevice = \"sim\"\n",
+            "format",
+            &["unknown section [formatt]"],
+        ),
+        (
+            "switch.toml",
+            "[verify]\njson = \"yes\"\n",
+            "verify",
+            &["`verify.json`", "true or false"],
+        ),
+        ("syntax.toml", "[format\n", "format", &["syntax.toml"]),
+    ];
+    for (name, text, cmd, wants) in cases {
+        let file = write(name, text);
+        let r = nvmq(&["--config", &file, cmd, "--device", "sim"]);
+        assert_eq!(r.code, 1, "{name}: {r}");
+        for w in wants {
+            assert!(r.stderr.contains(w), "{name}: missing {w:?}: {r}");
+        }
+    }
 
     let r = nvmq(&[
         "--config",

@@ -7,7 +7,7 @@ use common::*;
 #[test]
 fn a_directory_is_measured_on_a_temporary_file_that_is_removed() {
     let d = temp_dir("check-dir");
-    let r = nvmq(&[
+    let args = [
         "check-storage",
         "--dir",
         d.to_str().unwrap(),
@@ -15,7 +15,8 @@ fn a_directory_is_measured_on_a_temporary_file_that_is_removed() {
         "200ms",
         "--size",
         "16M",
-    ]);
+    ];
+    let r = nvmq(&args);
     // This machine's disk may be anything from ideal to marginal; only "broken" exits 4.
     assert!(r.code == 0 || r.code == 4, "{r}");
     for want in [
@@ -37,16 +38,7 @@ fn a_directory_is_measured_on_a_temporary_file_that_is_removed() {
         "the temporary file is gone"
     );
 
-    let j = nvmq(&[
-        "check-storage",
-        "--dir",
-        d.to_str().unwrap(),
-        "--duration",
-        "200ms",
-        "--size",
-        "16M",
-        "--json",
-    ]);
+    let j = nvmq(&[&args[..], &["--json"]].concat());
     let v = j.json();
     let phases = v["phases"].as_array().unwrap();
     assert_eq!(phases.len(), 2);

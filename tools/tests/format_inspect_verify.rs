@@ -222,6 +222,23 @@ fn verify_passes_a_clean_log_and_never_changes_a_byte() {
     assert_eq!(read_file(&p), before, "verify never writes");
 }
 
+/// (batch position, record position) of every data record, as `inspect --records` lists them.
+fn data_records(p: &std::path::Path) -> Vec<(u64, u64)> {
+    let listing = nvmq(&["inspect", "--device", &spec(p), "--records", "--json"]).json();
+    listing["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "data")
+        .map(|r| {
+            (
+                r["batch"].as_u64().unwrap(),
+                r["position"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
 /// The device offset of a log position in a 32 MiB device made by `formatted`.
 fn device_offset(position: u64) -> u64 {
     LOG_START + position % (30 << 20)
@@ -232,17 +249,7 @@ fn verify_reports_damage_inside_acknowledged_data_with_its_position() {
     let d = temp_dir("verify-damage");
     let p = formatted(&d);
     append_records(&p, 6);
-    let listing = nvmq(&["inspect", "--device", &spec(&p), "--records", "--json"]).json();
-    let second = listing["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["kind"] == "data")
-        .nth(1)
-        .unwrap()
-        .clone();
-    let pos = second["position"].as_u64().unwrap();
-    let batch = second["batch"].as_u64().unwrap();
+    let (batch, pos) = data_records(&p)[1];
     // A bit flip in the payload of an acknowledged record (later batches vouch for it).
     flip(&p, device_offset(pos) + 44);
     let before = read_file(&p);
@@ -273,19 +280,7 @@ fn verify_lists_every_damaged_place_not_just_the_first() {
     let d = temp_dir("verify-two");
     let p = formatted(&d);
     append_records(&p, 8);
-    let listing = nvmq(&["inspect", "--device", &spec(&p), "--records", "--json"]).json();
-    let data: Vec<(u64, u64)> = listing["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["kind"] == "data")
-        .map(|r| {
-            (
-                r["batch"].as_u64().unwrap(),
-                r["position"].as_u64().unwrap(),
-            )
-        })
-        .collect();
+    let data = data_records(&p);
     flip(&p, device_offset(data[1].1) + 44);
     flip(&p, device_offset(data[4].1) + 44);
     let v = nvmq(&["verify", "--device", &spec(&p), "--json"]);
