@@ -25,7 +25,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 /// Devices are named `file:<path>` (a regular file or a block device node) or
 /// `sim[:key=value,...]` (an in-memory simulated device for trying things out).
 #[derive(Parser, Debug)]
-#[command(name = "nvmq", version, about, long_about = None)]
+#[command(name = "nvmq", version)]
 #[command(
     after_help = "Exit status: 0 success; 1 error (bad input, device refused); 2 usage error; \
 3 damage found (inspect, verify); 4 storage judged broken (check-storage).\n\
