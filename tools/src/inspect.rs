@@ -1,7 +1,7 @@
 //! `nvmq inspect`: what a log holds, read without writing a byte.
 
 use anyhow::{anyhow, Result};
-use nvmq_log::format::{BatchKind, RecordKind};
+use nvmq_log::format::{BatchKind, RecordKind, Superblock};
 use recovery::{ChainRules, Examination, RecoveryError, StopOrEnd};
 use serde::Serialize;
 
@@ -28,8 +28,9 @@ pub struct InspectArgs {
     pub json: bool,
 }
 
+/// What the superblock copy in use says.
 #[derive(Serialize, Debug)]
-struct LogReport {
+struct SuperblockReport {
     chosen: char,
     #[serde(flatten)]
     geometry: GeometryReport,
@@ -39,6 +40,26 @@ struct LogReport {
     durable_through: u64,
     epoch: u64,
     epoch_start: u64,
+}
+
+impl SuperblockReport {
+    fn new(sb: &Superblock) -> SuperblockReport {
+        SuperblockReport {
+            chosen: recovery::slot_name(sb.copy),
+            geometry: GeometryReport::new(sb),
+            head: sb.head,
+            recovery_point: sb.recovery_point,
+            checkpoint: sb.checkpoint,
+            durable_through: sb.durable_through,
+            epoch: sb.epoch,
+            epoch_start: sb.epoch_start,
+        }
+    }
+}
+
+/// What the scan of the log found.
+#[derive(Serialize, Debug)]
+struct LogReport {
     tail: u64,
     end: Ending,
     used_bytes: u64,
@@ -76,6 +97,9 @@ struct Report {
     device_spec: String,
     device: DeviceReport,
     superblocks: Vec<CopyReport>,
+    /// The copy in use; None when no copy could be chosen.
+    superblock: Option<SuperblockReport>,
+    /// None when the log could not be scanned (no log, or damage).
     log: Option<LogReport>,
     partitions: Vec<PartitionReport>,
     /// Why the log could not be examined (damage or no log); None when it could.
@@ -93,6 +117,9 @@ pub fn run(a: InspectArgs) -> Result<Status> {
         device_spec: a.device.clone(),
         device: DeviceReport::new(blockdev::BlockDevice::info(&dev), spec.backend()),
         superblocks: ex.copy_reports(),
+        superblock: recovery::choose(&ex.copies)
+            .ok()
+            .map(|c| SuperblockReport::new(&c.chosen)),
         log: None,
         partitions: Vec::new(),
         error: None,
@@ -141,14 +168,6 @@ fn log_report(e: &Examination, end: Ending) -> LogReport {
     let sb = &e.chosen;
     let used = e.tail - sb.head;
     LogReport {
-        chosen: recovery::slot_name(sb.copy),
-        geometry: GeometryReport::new(sb),
-        head: sb.head,
-        recovery_point: sb.recovery_point,
-        checkpoint: sb.checkpoint,
-        durable_through: sb.durable_through,
-        epoch: sb.epoch,
-        epoch_start: sb.epoch_start,
         tail: e.tail,
         end,
         used_bytes: used,
@@ -231,36 +250,38 @@ fn print_copies(r: &Report) {
 
 fn print_human(r: &Report) {
     print_copies(r);
+    if let Some(b) = &r.superblock {
+        println!("using superblock     {}", b.chosen);
+        let g = &b.geometry;
+        println!("format id            {}", g.format_id);
+        println!(
+            "geometry             write unit {} B, log {} at byte {}, window {}, max batch {}",
+            g.write_unit,
+            bytes(g.log_size),
+            g.log_start,
+            bytes(g.window),
+            bytes(u64::from(g.max_batch))
+        );
+        println!(
+            "epoch                {} (from position {})",
+            b.epoch, b.epoch_start
+        );
+        println!("head                 {}", b.head);
+        println!(
+            "recovery point       {} (checkpoint at {})",
+            b.recovery_point, b.checkpoint
+        );
+        println!(
+            "durable through      {} (as the superblock records it)",
+            b.durable_through
+        );
+    }
     let Some(l) = &r.log else {
         if let Some(e) = &r.error {
             println!("DAMAGE               {e}");
         }
         return;
     };
-    println!("using superblock     {}", l.chosen);
-    let g = &l.geometry;
-    println!("format id            {}", g.format_id);
-    println!(
-        "geometry             write unit {} B, log {} at byte {}, window {}, max batch {}",
-        g.write_unit,
-        bytes(g.log_size),
-        g.log_start,
-        bytes(g.window),
-        bytes(u64::from(g.max_batch))
-    );
-    println!(
-        "epoch                {} (from position {})",
-        l.epoch, l.epoch_start
-    );
-    println!("head                 {}", l.head);
-    println!(
-        "recovery point       {} (checkpoint at {})",
-        l.recovery_point, l.checkpoint
-    );
-    println!(
-        "durable through      {} (as the superblock records it)",
-        l.durable_through
-    );
     println!("tail                 {} ({})", l.tail, l.end.describe());
     println!(
         "space                {} used ({:.1}%), {} free; {} batches, {} records retained",

@@ -113,7 +113,7 @@ fn config_file_supplies_flags_and_typed_flags_win() {
     std::fs::write(
         &cfg,
         format!(
-            "log_level = \"warn\"\n[format]\ndevice = \"{}\"\nsize = \"32M\"\njson = true\n[inspect]\ndevice = \"file:/nonexistent/x.img\"\n[check_storage]\nduration = \"100ms\"\n",
+            "log_level = \"warn\"\n[format]\ndevice = \"{}\"\nsize = \"32M\"\njson = true\n[inspect]\ndevice = \"file:/nonexistent/x.img\"\n[check_storage]\nduration = \"100ms\"\n[bench]\ndevice = [\"sim:flush=1ms\", \"sim:flush=2ms\"]\nproducers = [1, 2]\nrecord_size = [64]\nduration = \"100ms\"\njson = true\n",
             spec(&img)
         ),
     )
@@ -132,6 +132,47 @@ fn config_file_supplies_flags_and_typed_flags_win() {
     assert!(r.stderr.contains("/nonexistent/x.img"), "{r}");
     let r = nvmq(&["inspect", "--config", c, "--device", &spec(&img)]);
     assert_eq!(r.code, 0, "{r}");
+    // Lists: a repeatable flag takes each element, a comma-list flag takes them joined.
+    let r = nvmq(&["--config", c, "bench"]);
+    assert_eq!(r.code, 0, "{r}");
+    let runs: Vec<(String, Vec<u64>)> = r.json()["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|run| {
+            let producers = run["scenarios"].as_array().unwrap().iter();
+            (
+                run["device"].as_str().unwrap().to_string(),
+                producers
+                    .map(|s| s["producers"].as_u64().unwrap())
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("sim:flush=1ms".to_string(), vec![1, 2]),
+            ("sim:flush=2ms".to_string(), vec![1, 2])
+        ]
+    );
+    let r = nvmq(&[
+        "--config",
+        c,
+        "bench",
+        "--device",
+        "sim",
+        "--producers",
+        "3",
+    ]);
+    assert_eq!(r.code, 0, "{r}");
+    let v = r.json();
+    assert_eq!(
+        v["runs"].as_array().unwrap().len(),
+        1,
+        "typed --device replaces the file's list"
+    );
+    assert_eq!(v["runs"][0]["scenarios"][0]["producers"], 3);
 }
 
 #[test]

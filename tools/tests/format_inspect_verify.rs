@@ -119,7 +119,7 @@ fn inspect_shows_positions_partitions_and_records_without_writing() {
     assert_eq!(v["superblocks"][1]["valid"], true);
     let log = &v["log"];
     assert_eq!(log["end"]["kind"], "clean");
-    assert!(log["tail"].as_u64().unwrap() > log["head"].as_u64().unwrap());
+    assert!(log["tail"].as_u64().unwrap() > v["superblock"]["head"].as_u64().unwrap());
     assert_eq!(log["retained_records"], 5);
     let parts = v["partitions"].as_array().unwrap();
     assert_eq!(parts.len(), 1);
@@ -272,7 +272,22 @@ fn verify_reports_damage_inside_acknowledged_data_with_its_position() {
     assert_eq!(read_file(&p), before, "verify never writes, even on damage");
     let i = nvmq(&["inspect", "--device", &spec(&p), "--json"]);
     assert_eq!(i.code, 3, "{i}");
-    assert_eq!(i.json()["damage_position"], batch);
+    let iv = i.json();
+    assert_eq!(iv["damage_position"], batch);
+    assert!(iv["log"].is_null(), "no scan results past damage");
+    assert_eq!(
+        iv["superblock"]["chosen"], "B",
+        "the superblock in use is still shown"
+    );
+    let ih = nvmq(&["inspect", "--device", &spec(&p)]);
+    assert_eq!(ih.code, 3, "{ih}");
+    assert!(
+        ih.stdout.contains("recovery point")
+            && ih.stdout.contains(&format!(
+                "DAMAGE               damage inside acknowledged data at log position {batch}"
+            )),
+        "{ih}"
+    );
 }
 
 #[test]
@@ -301,9 +316,9 @@ fn verify_calls_a_torn_tail_past_the_durable_point_normal() {
     append_records(&p, 3);
     let v = nvmq(&["inspect", "--device", &spec(&p), "--json"]).json();
     let tail = v["log"]["tail"].as_u64().unwrap();
-    let epoch = v["log"]["epoch"].as_u64().unwrap();
+    let epoch = v["superblock"]["epoch"].as_u64().unwrap();
     let fid = u64::from_str_radix(
-        v["log"]["format_id"]
+        v["superblock"]["format_id"]
             .as_str()
             .unwrap()
             .trim_start_matches("0x"),
