@@ -1,5 +1,7 @@
 //! Structured logs on stderr with `tracing`: text for people, JSON lines for log collectors.
 
+use std::io::IsTerminal;
+
 use anyhow::{anyhow, Result};
 use tracing_subscriber::EnvFilter;
 
@@ -19,6 +21,7 @@ pub fn init(format: LogFormat, level: &str) -> Result<()> {
         .map_err(|e| anyhow!("log level {directives:?} is not a valid filter: {e}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let installed = match format {
         LogFormat::Text => builder.try_init(),

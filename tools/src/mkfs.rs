@@ -113,6 +113,7 @@ pub fn run(a: FormatArgs) -> Result<Status> {
         device: DeviceReport::new(dev.info(), spec.backend()),
         geometry: GeometryReport::new(&sb),
     };
+    tracing::info!(device = %a.device, format_id = %report.geometry.format_id, log_size = sb.log_size, created, "formatted");
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -137,6 +137,14 @@ pub fn run(a: VerifyArgs) -> Result<Status> {
         }
     }
     pb.finish_and_clear();
+    match report.damage.first() {
+        Some(d) => {
+            tracing::error!(device = %a.device, position = d.position, what = %d.what, places = report.damage.len(), "damage inside acknowledged data")
+        }
+        None => {
+            tracing::info!(device = %a.device, verdict = report.verdict, tail = report.tail, "verified")
+        }
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -340,4 +340,14 @@ fn verify_calls_a_torn_tail_past_the_durable_point_normal() {
     assert_eq!(j["verdict"], "torn-tail");
     assert_eq!(j["end"]["kind"], "torn");
     assert_eq!(j["end"]["position"], tail);
+
+    // Recovery cuts the torn batch and fences its epoch; what stays on disk past the new tail
+    // is then no tear at all.
+    append_records(&p, 0);
+    let j = nvmq(&["verify", "--device", &spec(&p), "--json"]);
+    assert_eq!(j.code, 0, "{j}");
+    let v = j.json();
+    assert_eq!(v["verdict"], "ok", "{j}");
+    assert_eq!(v["end"]["kind"], "fenced", "{j}");
+    assert_eq!(v["end"]["position"], tail);
 }
