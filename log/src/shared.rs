@@ -39,32 +39,31 @@ impl PartitionView {
     }
 }
 
-/// Number of flush latency buckets: bucket `i` counts flushes that took less than 2^i µs and at
-/// least 2^(i-1) µs; the last one also takes everything slower (about 4 s and up).
-pub const FLUSH_LATENCY_BUCKETS: usize = 23;
+/// Buckets of a [`Pow2Histogram`]: bucket `i` counts values below 2^i and (past bucket 0) at
+/// least 2^(i-1); the last one also takes everything larger.
+pub const POW2_BUCKETS: usize = 23;
 
-/// Flush latency, submission to completion seen by the writer, in power-of-two microsecond
-/// buckets: fixed size so that the stats stay a plain `Copy` value.
+/// A histogram of whole numbers in power-of-two buckets, fixed in size so that the stats stay a
+/// plain `Copy` value.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FlushLatency {
-    pub buckets: [u64; FLUSH_LATENCY_BUCKETS],
+pub struct Pow2Histogram {
+    pub buckets: [u64; POW2_BUCKETS],
     pub count: u64,
-    pub sum_ns: u64,
+    pub sum: u64,
 }
 
-impl FlushLatency {
-    /// Upper bound in microseconds of bucket `i` (the last bucket is unbounded).
-    pub fn bucket_bound_us(i: usize) -> u64 {
+impl Pow2Histogram {
+    /// Exclusive upper bound of bucket `i` (the last bucket is unbounded).
+    pub fn bucket_bound(i: usize) -> u64 {
         1u64 << i
     }
 
-    pub fn record(&mut self, nanos: u64) {
-        let us = nanos / 1000;
-        // The first bucket whose bound exceeds the latency.
-        let i = (u64::BITS - us.leading_zeros()) as usize;
-        self.buckets[i.min(FLUSH_LATENCY_BUCKETS - 1)] += 1;
+    pub fn record(&mut self, value: u64) {
+        // The first bucket whose bound exceeds the value.
+        let i = (u64::BITS - value.leading_zeros()) as usize;
+        self.buckets[i.min(POW2_BUCKETS - 1)] += 1;
         self.count += 1;
-        self.sum_ns = self.sum_ns.saturating_add(nanos);
+        self.sum = self.sum.saturating_add(value);
     }
 }
 
@@ -80,7 +79,10 @@ pub struct WriterStats {
     pub checkpoints: u64,
     pub reads: u64,
     pub corrupt_reads: u64,
-    pub flush_latency: FlushLatency,
+    /// Flush latency in microseconds, submission to completion as the writer sees it.
+    pub flush_latency_us: Pow2Histogram,
+    /// Appends acknowledged each time D moved over some (in the default mode: per flush).
+    pub records_per_flush: Pow2Histogram,
 }
 
 #[derive(Debug, Default)]
@@ -137,17 +139,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn flush_latency_lands_in_power_of_two_microsecond_buckets() {
-        let mut f = FlushLatency::default();
-        f.record(500); // 0 µs
-        f.record(1_500); // 1 µs: [1, 2)
-        f.record(3_000_000); // 3000 µs: [2048, 4096)
+    fn values_land_in_power_of_two_buckets() {
+        let mut f = Pow2Histogram::default();
+        f.record(0);
+        f.record(1); // [1, 2)
+        f.record(3000); // [2048, 4096)
         f.record(u64::MAX);
         assert_eq!(f.buckets[0], 1);
         assert_eq!(f.buckets[1], 1);
         assert_eq!(f.buckets[12], 1);
-        assert_eq!(f.buckets[FLUSH_LATENCY_BUCKETS - 1], 1);
+        assert_eq!(f.buckets[POW2_BUCKETS - 1], 1);
         assert_eq!(f.count, 4);
+        assert_eq!(f.sum, u64::MAX);
     }
 
     #[test]

@@ -614,6 +614,10 @@ impl<D: BlockDevice> Writer<D> {
         {
             let mut s = self.shared.lock();
             s.durable = self.durable;
+            let acks: usize = done.iter().filter(|b| !b.acked).map(|b| b.acks.len()).sum();
+            if acks > 0 {
+                s.stats.records_per_flush.record(acks as u64);
+            }
             for b in &mut done {
                 for (id, topic, index) in b.created.drain(..) {
                     s.partitions.insert(
@@ -713,7 +717,11 @@ impl<D: BlockDevice> Writer<D> {
         }
         if let Some(f) = self.flushes.iter().find(|f| f.tag == c.tag) {
             let took = now.mono_ns.saturating_sub(f.submitted_ns);
-            self.shared.lock().stats.flush_latency.record(took);
+            self.shared
+                .lock()
+                .stats
+                .flush_latency_us
+                .record(took / 1000);
         }
     }
 

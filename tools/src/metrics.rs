@@ -22,8 +22,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nvmq_log::layout::Geometry;
-use nvmq_log::shared::FLUSH_LATENCY_BUCKETS;
-use nvmq_log::{FlushLatency, Shared};
+use nvmq_log::shared::POW2_BUCKETS;
+use nvmq_log::{Pow2Histogram, Shared};
 use recovery::RecoveryReport;
 
 /// A histogram with fixed upper bounds, observed from any thread without a lock.
@@ -191,16 +191,53 @@ impl Metrics {
                     "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
                 );
             }
-            render_flush_latency(&mut out, &stats.flush_latency);
+            // Whole microseconds below 2^i are below 2^i µs.
+            render_pow2(
+                &mut out,
+                "nvmq_flush_latency_seconds",
+                "Device flush latency, submission to completion.",
+                &stats.flush_latency_us,
+                |b| b as f64 / 1e6,
+                1e-6,
+            );
+            // Whole counts below 2^i are at most 2^i - 1.
+            render_pow2(
+                &mut out,
+                "nvmq_records_per_flush",
+                "Appends acknowledged each time the durable position moved (per flush in the default mode).",
+                &stats.records_per_flush,
+                |b| (b - 1) as f64,
+                1.0,
+            );
             let per_flush = ratio(stats.appends_acked, stats.flushes);
             let wa = ratio(stats.device_bytes_written, stats.payload_bytes_acked);
             let used = durable.saturating_sub(head);
             let gauges: [(&str, &str, f64); 5] = [
-                ("nvmq_records_per_flush", "Appends acknowledged per flush since start (rate(appends)/rate(flushes) gives the recent figure).", per_flush),
-                ("nvmq_write_amplification", "Device bytes written per payload byte acknowledged, since start.", wa),
-                ("nvmq_log_used_bytes", "Retained log bytes (head to durable position).", used as f64),
-                ("nvmq_log_free_bytes", "Log bytes not retained.", geo.log_size.saturating_sub(used) as f64),
-                ("nvmq_durable_position_bytes", "The durable position D.", durable as f64),
+                (
+                    "nvmq_records_per_flush_mean",
+                    "Appends acknowledged per flush submitted, since start.",
+                    per_flush,
+                ),
+                (
+                    "nvmq_write_amplification",
+                    "Device bytes written per payload byte acknowledged, since start.",
+                    wa,
+                ),
+                (
+                    "nvmq_log_used_bytes",
+                    "Retained log bytes (head to durable position).",
+                    used as f64,
+                ),
+                (
+                    "nvmq_log_free_bytes",
+                    "Log bytes not retained.",
+                    geo.log_size.saturating_sub(used) as f64,
+                ),
+                (
+                    "nvmq_durable_position_bytes",
+                    "The durable position D.",
+                    durable as f64,
+                ),
             ];
             for (name, help, v) in gauges {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
@@ -244,21 +281,25 @@ impl Metrics {
     }
 }
 
-fn render_flush_latency(out: &mut String, f: &FlushLatency) {
-    let name = "nvmq_flush_latency_seconds";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Device flush latency, submission to completion.\n# TYPE {name} histogram"
-    );
+/// A writer histogram; `le` maps a bucket's exclusive bound to the exposed inclusive bound.
+fn render_pow2(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    h: &Pow2Histogram,
+    le: fn(u64) -> f64,
+    scale: f64,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
     let mut cumulative = 0u64;
-    for i in 0..FLUSH_LATENCY_BUCKETS - 1 {
-        cumulative += f.buckets[i];
-        let le = FlushLatency::bucket_bound_us(i) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+    for i in 0..POW2_BUCKETS - 1 {
+        cumulative += h.buckets[i];
+        let bound = le(Pow2Histogram::bucket_bound(i));
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
     }
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", f.count);
-    let _ = writeln!(out, "{name}_sum {}", f.sum_ns as f64 / 1e9);
-    let _ = writeln!(out, "{name}_count {}", f.count);
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum {}", h.sum as f64 * scale);
+    let _ = writeln!(out, "{name}_count {}", h.count);
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -444,7 +485,11 @@ mod tests {
         );
         assert!(value(&body, "nvmq_flush_latency_seconds_count") >= 6.0);
         assert!(value(&body, "nvmq_write_amplification") > 1.0);
-        assert!(value(&body, "nvmq_records_per_flush") > 0.0);
+        assert!(value(&body, "nvmq_records_per_flush_mean") > 0.0);
+        // One durable step per append_wait: six steps of one record each.
+        assert_eq!(value(&body, "nvmq_records_per_flush_count"), 6.0, "{body}");
+        assert_eq!(value(&body, "nvmq_records_per_flush_bucket{le=\"1\"}"), 6.0);
+        assert_eq!(value(&body, "nvmq_records_per_flush_sum"), 6.0);
         let used = value(&body, "nvmq_log_used_bytes");
         let free = value(&body, "nvmq_log_free_bytes");
         assert!(used > 0.0);
