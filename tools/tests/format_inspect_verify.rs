@@ -179,6 +179,16 @@ fn inspect_names_a_damaged_superblock_copy_and_refuses_when_both_are() {
     let v = nvmq(&["verify", "--device", &spec(&p), "--json"]);
     assert_eq!(v.code, 3, "{v}");
     assert_eq!(v.json()["verdict"], "damage");
+    // Format treats a damaged log like a log: only --force erases it.
+    let f = nvmq(&["format", "--device", &spec(&p)]);
+    assert_eq!(f.code, 1, "{f}");
+    assert!(
+        f.stderr.contains("looks like a damaged nvmq log") && f.stderr.contains("--force"),
+        "{f}"
+    );
+    let f = nvmq(&["format", "--device", &spec(&p), "--force"]);
+    assert_eq!(f.code, 0, "{f}");
+    assert_eq!(nvmq(&["verify", "--device", &spec(&p)]).code, 0);
 }
 
 #[test]
