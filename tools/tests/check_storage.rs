@@ -184,3 +184,34 @@ fn bad_input_is_refused_with_the_reason() {
     );
     assert_eq!(read_file(&p), before);
 }
+
+#[test]
+fn a_directory_on_memory_is_broken_whatever_its_speed() {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let shm_is_tmpfs = mounts.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.get(1) == Some(&"/dev/shm") && f.get(2) == Some(&"tmpfs")
+    });
+    if !shm_is_tmpfs {
+        eprintln!("skipped: /dev/shm is not a tmpfs on this machine");
+        return;
+    }
+    let r = nvmq(&[
+        "check-storage",
+        "--dir",
+        "/dev/shm",
+        "--duration",
+        "100ms",
+        "--size",
+        "8M",
+        "--json",
+    ]);
+    assert_eq!(r.code, 4, "{r}");
+    let v = r.json();
+    assert_eq!(v["verdict"], "broken");
+    assert_eq!(v["file_system"], "tmpfs");
+    assert!(
+        v["verdict_reason"].as_str().unwrap().contains("memory"),
+        "{r}"
+    );
+}
