@@ -473,7 +473,7 @@ fn print_human(r: &Report) {
         r.verdict_reason
     );
     println!(
-        "group commit projection ({} B records; producers each wait for their ack)",
+        "group commit projection ({} B records, producers each waiting for their ack; a ceiling from the device figures alone, CPU costs not included)",
         r.projection_record_size
     );
     for p in &r.projection {
