@@ -19,7 +19,7 @@ pub mod writer;
 pub use config::{FlushMode, FormatOptions, LogConfig, OnFull};
 pub use error::LogError;
 pub use reader::{read_with, Record};
-pub use shared::{PartitionView, Shared, WriterStats};
+pub use shared::{PartitionView, Pow2Histogram, Shared, WriterStats};
 pub use writer::{AckFn, Appended, Now, Request, Resume, RetainedBatch, Writer};
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -152,6 +152,8 @@ struct InFlight {
 
 struct FlushSlot {
     tag: u64,
+    /// When it was submitted, for the flush latency figure.
+    submitted_ns: u64,
     covers: u64,
     covers_superblock: bool,
     result: Option<Result<(), blockdev::DeviceError>>,
@@ -514,6 +516,7 @@ impl<D: BlockDevice> Writer<D> {
         }
         let mut moved = !comps.is_empty();
         for c in comps.drain(..) {
+            self.note_flush_latency(&c, now);
             self.complete(c);
         }
         self.completions = comps;
@@ -704,6 +707,10 @@ impl<D: BlockDevice> Writer<D> {
         {
             let mut s = self.shared.lock();
             s.durable = self.durable;
+            let acks: usize = done.iter().filter(|b| !b.acked).map(|b| b.acks.len()).sum();
+            if acks > 0 {
+                s.stats.records_per_flush.record(acks as u64);
+            }
             for b in &mut done {
                 for (id, topic, index) in b.created.drain(..) {
                     s.partitions.insert(
@@ -785,6 +792,7 @@ impl<D: BlockDevice> Writer<D> {
         }
         self.flushes.push_back(FlushSlot {
             tag,
+            submitted_ns: now.mono_ns,
             covers: self.written_through,
             covers_superblock: sb_waiting,
             result: None,
@@ -793,6 +801,21 @@ impl<D: BlockDevice> Writer<D> {
         self.last_flush_ns = now.mono_ns;
         self.shared.lock().stats.flushes += 1;
         true
+    }
+
+    /// Counts a flush completion in the latency figure (metrics only; decides nothing).
+    fn note_flush_latency(&self, c: &Completion, now: Now) {
+        if c.tag & TAG_KIND != TAG_FLUSH {
+            return;
+        }
+        if let Some(f) = self.flushes.iter().find(|f| f.tag == c.tag) {
+            let took = now.mono_ns.saturating_sub(f.submitted_ns);
+            self.shared
+                .lock()
+                .stats
+                .flush_latency_us
+                .record(took / 1000);
+        }
     }
 
     fn window_full(&self) -> bool {

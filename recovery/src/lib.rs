@@ -5,17 +5,19 @@
 mod choose;
 mod cursor;
 mod error;
+mod examine;
 mod scan;
 
 pub use choose::{choose, slot_name, Choice};
 pub use error::RecoveryError;
-pub use scan::{scan_range, ScanStop, Scanned};
+pub use examine::{examine, Examination};
+pub use scan::{scan_range, ChainRules, ScanStop, Scanned, StopOrEnd};
 
 use std::time::{Duration, Instant};
 
 use blockdev::{flush_sync, BlockDevice};
 use nvmq_log::backfill::Backfill;
-use nvmq_log::format::Superblock;
+use nvmq_log::format::{Superblock, SuperblockFault};
 use nvmq_log::layout::Geometry;
 use nvmq_log::mkfs::{read_superblocks, write_superblock};
 use nvmq_log::{LogConfig, Resume, Writer};
@@ -110,26 +112,8 @@ pub fn recover_with<D: BlockDevice + ?Sized>(
         source,
     })?;
     let copies = read_superblocks(dev);
-    let choice = choose(&copies)?;
+    let (choice, geo) = prepare(dev, &copies)?;
     let sb = choice.chosen;
-    let needed = sb.log_start + sb.log_size;
-    if dev.info().capacity < needed {
-        return Err(RecoveryError::DeviceTooSmall {
-            capacity: dev.info().capacity,
-            needed,
-        });
-    }
-    if sb.write_unit % dev.info().logical_block_size != 0 {
-        return Err(RecoveryError::Damage {
-            position: 0,
-            what: format!(
-                "write unit {} is not a multiple of the device's logical block size {}",
-                sb.write_unit,
-                dev.info().logical_block_size
-            ),
-        });
-    }
-    let geo = Geometry::from_superblock(&sb, dev.info().logical_block_size);
 
     // 2–3. Scan from the recovery point, probe past the stop, decide.
     let scanned = scan::recover_scan(dev, &geo, &sb)?;
@@ -233,4 +217,35 @@ pub fn open<D: BlockDevice>(
     let (resume, report) = recover(&mut dev)?;
     let w = Writer::new(dev, cfg, resume)?;
     Ok((w, report))
+}
+
+/// Chooses the superblock copy and checks its geometry against the device: the part of opening
+/// that recovery and the read-only [`examine`] share.
+pub(crate) fn prepare<D: BlockDevice + ?Sized>(
+    dev: &mut D,
+    copies: &[Result<Superblock, SuperblockFault>; 2],
+) -> Result<(Choice, Geometry), RecoveryError> {
+    let choice = choose(copies)?;
+    let sb = choice.chosen;
+    let needed = sb.log_start + sb.log_size;
+    if dev.info().capacity < needed {
+        return Err(RecoveryError::DeviceTooSmall {
+            capacity: dev.info().capacity,
+            needed,
+        });
+    }
+    if sb.write_unit % dev.info().logical_block_size != 0 {
+        return Err(RecoveryError::Damage {
+            position: 0,
+            what: format!(
+                "write unit {} is not a multiple of the device's logical block size {}",
+                sb.write_unit,
+                dev.info().logical_block_size
+            ),
+        });
+    }
+    Ok((
+        choice,
+        Geometry::from_superblock(&sb, dev.info().logical_block_size),
+    ))
 }
