@@ -1130,14 +1130,16 @@ impl<D: BlockDevice> Writer<D> {
             head > cur.head,
             // The older copy still pins space the writer is waiting for.
             self.space_needed_head > 0 && other.head < cur.head,
-            // An idle writer records its D within about a second.
+            // An idle writer records its D within about a second, and at once when it is
+            // shutting down, so that a clean stop leaves D in the superblock.
             self.pending.is_empty()
                 && self.batches.is_empty()
                 && self.durable > cur.durable_through
-                && now
-                    .mono_ns
-                    .saturating_sub(self.last_activity_ns.max(self.sb_last_ns))
-                    >= self.cfg.idle_superblock.as_nanos() as u64,
+                && (self.closing
+                    || now
+                        .mono_ns
+                        .saturating_sub(self.last_activity_ns.max(self.sb_last_ns))
+                        >= self.cfg.idle_superblock.as_nanos() as u64),
         ];
         if !reasons.iter().any(|&r| r) {
             // Space is needed but the recovery point pins the head: checkpoint now.

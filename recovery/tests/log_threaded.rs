@@ -383,3 +383,28 @@ fn the_scrub_finds_bit_rot_in_acknowledged_data_and_passes_a_clean_log() {
     drop(s);
     log.shutdown();
 }
+
+#[test]
+fn a_clean_shutdown_records_the_durable_point_in_the_superblock() {
+    use nvmq_log::format::{superblock_offset, Superblock, SUPERBLOCK_LEN};
+    let (dev, h) = sim(44, 64 * MIB);
+    // Idle superblock updates far away: only the shutdown can write it.
+    let log = start(
+        dev,
+        Some(&FormatOptions::default()),
+        quiet_config(FlushMode::Always),
+    );
+    let part = log.create_partition("t", 0).expect("create");
+    for i in 0..20 {
+        log.append_wait(part, payload(1, i)).expect("append");
+    }
+    let durable = log.durable();
+    log.shutdown();
+    let newest = (0..2u8)
+        .filter_map(|slot| {
+            Superblock::decode(&h.peek(superblock_offset(slot), SUPERBLOCK_LEN), slot).ok()
+        })
+        .max_by_key(|sb| sb.sequence)
+        .expect("a valid superblock");
+    assert_eq!(newest.durable_through, durable);
+}
