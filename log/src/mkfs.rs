@@ -32,6 +32,21 @@ pub fn random_format_id() -> u64 {
     h.finish() | 1
 }
 
+/// [`format`] as a device initializer (for `FileDevice::create`, which formats a new file before
+/// it is renamed into place): a format failure becomes a device error naming it.
+pub fn format_device<D: BlockDevice + ?Sized>(
+    dev: &mut D,
+    opts: &FormatOptions,
+) -> Result<(), blockdev::DeviceError> {
+    format(dev, opts)
+        .map(|_| ())
+        .map_err(|e| blockdev::DeviceError::Io {
+            op: blockdev::Op::Write,
+            lba: 0,
+            detail: format!("formatting the new device: {e}"),
+        })
+}
+
 /// Writes a new, empty log over the whole device (or `opts.log_size` of it). Whatever the device
 /// held before can never validate in the new log: its format id differs.
 pub fn format<D: BlockDevice + ?Sized>(

@@ -148,13 +148,7 @@ fn every_ack_survives_sigkill_of_the_appending_process() {
     let path = dir.join("log.img");
     let fmt = FormatOptions::default();
     FileDevice::create(&path, 256 << 20, FileOptions::default(), |d| {
-        nvmq_log::mkfs::format(d, &fmt)
-            .map(|_| ())
-            .map_err(|e| blockdev::DeviceError::Io {
-                op: blockdev::Op::Write,
-                lba: 0,
-                detail: e.to_string(),
-            })
+        nvmq_log::mkfs::format_device(d, &fmt)
     })
     .expect("create the file device");
 

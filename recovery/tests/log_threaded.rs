@@ -102,13 +102,7 @@ fn spans_take_offsets_and_survive_reopen_on_the_file_device() {
     let path = dir.join("log.img");
     let fmt = FormatOptions::default();
     let dev = FileDevice::create(&path, 64 * MIB, FileOptions::default(), |d| {
-        nvmq_log::mkfs::format(d, &fmt)
-            .map(|_| ())
-            .map_err(|e| blockdev::DeviceError::Io {
-                op: blockdev::Op::Write,
-                lba: 0,
-                detail: e.to_string(),
-            })
+        nvmq_log::mkfs::format_device(d, &fmt)
     })
     .expect("create file device");
     let log = start(dev, None, LogConfig::default());

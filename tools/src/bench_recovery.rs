@@ -82,13 +82,7 @@ pub fn run(a: BenchRecoveryArgs) -> Result<()> {
     );
     let fmt = FormatOptions::default();
     FileDevice::create(&a.file, a.size, FileOptions::default(), |d| {
-        nvmq_log::mkfs::format(d, &fmt)
-            .map(|_| ())
-            .map_err(|e| blockdev::DeviceError::Io {
-                op: blockdev::Op::Write,
-                lba: 0,
-                detail: e.to_string(),
-            })
+        nvmq_log::mkfs::format_device(d, &fmt)
     })
     .with_context(|| format!("creating {}", a.file.display()))?;
 
