@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// Flush modes, one set of scenarios each: always (ack after flush), interval:<ms>, never.
     #[arg(long, value_delimiter = ',', default_value = "always")]
     pub flush: Vec<String>,
+    /// I/O threads of the file backend: with more than one, a batch write overlaps the running
+    /// fdatasync (1 shows what that overlap is worth).
+    #[arg(long, default_value_t = 4)]
+    pub io_threads: usize,
     /// Flushes the writer keeps in flight.
     #[arg(long, default_value_t = 4)]
     pub flushes_in_flight: usize,
@@ -189,7 +193,11 @@ fn run_one(
     flush: FlushMode,
     pb: &indicatif::ProgressBar,
 ) -> Result<Run> {
-    let mut dev = spec.open(Some(args.size), |_| Ok(()))?;
+    let file_opts = blockdev::file::FileOptions {
+        io_threads: args.io_threads,
+        ..Default::default()
+    };
+    let mut dev = spec.open_with(Some(args.size), file_opts, |_| Ok(()))?;
     let baseline = measure_baseline(&mut *dev, args.duration.min(Duration::from_secs(1)))?;
     let info = dev.info().clone();
     let fmt = FormatOptions::default();

@@ -88,6 +88,16 @@ impl DeviceSpec {
         create: Option<u64>,
         init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
     ) -> Result<Box<dyn BlockDevice>> {
+        self.open_with(create, FileOptions::default(), init)
+    }
+
+    /// [`DeviceSpec::open`] with the file backend's options (ignored by other backends).
+    pub fn open_with(
+        &self,
+        create: Option<u64>,
+        file_opts: FileOptions,
+        init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
+    ) -> Result<Box<dyn BlockDevice>> {
         match self {
             DeviceSpec::Sim(s) => {
                 let mut cfg = SimConfig::new(s.seed, s.capacity);
@@ -107,11 +117,11 @@ impl DeviceSpec {
                         std::fs::create_dir_all(dir)
                             .with_context(|| format!("creating {}", dir.display()))?;
                     }
-                    let dev = FileDevice::create(p, size, FileOptions::default(), |d| init(d))
+                    let dev = FileDevice::create(p, size, file_opts, |d| init(d))
                         .with_context(|| format!("creating device file {}", p.display()))?;
                     return Ok(Box::new(dev));
                 }
-                let mut dev = FileDevice::open(p, FileOptions::default())
+                let mut dev = FileDevice::open(p, file_opts)
                     .with_context(|| format!("opening device {}", p.display()))?;
                 init(&mut dev)?;
                 Ok(Box::new(dev))
