@@ -137,6 +137,13 @@ pub trait Host: Send {
     /// or until the host is dropped.
     unsafe fn dma_map(&mut self, vaddr: *mut u8, len: usize, iova: u64) -> Result<(), HostError>;
     fn dma_unmap(&mut self, iova: u64, len: usize) -> Result<(), HostError>;
+
+    /// The time, for the I/O path's timeouts. Where the clocksource has no vDSO path (HPET, as
+    /// in a QEMU/TCG guest and some VMs) every read is a `clock_gettime` system call, so the I/O
+    /// path reads it only once it has been waiting for a while.
+    fn now(&self) -> std::time::Instant {
+        std::time::Instant::now()
+    }
 }
 
 /// Anonymous memory for DMA: 2 MiB huge pages when the system has them (fewer IOTLB entries),
