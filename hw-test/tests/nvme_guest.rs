@@ -5,15 +5,13 @@
 //! These tests need QEMU and fail (never skip) without it; the rig installs what it needs when run
 //! as root. `NVMQ_CRASH_SEED` replays a crash-cycle run (each run prints its seed).
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Mutex;
 
-use hw_test::qemu::{CmdResult, Disk, GuestCmd, Rig, RigOptions, RigRun, Stage};
+use hw_test::qemu::{CmdResult, Disk, GuestCmd, RigOptions, RigRun, Stage};
 
-/// One guest at a time: two TCG guests on a 2-core machine slow each other past the timeouts.
-static ONE_GUEST: Mutex<()> = Mutex::new(());
+mod common;
+use common::log;
 
 const CHECK: &str = env!("CARGO_BIN_EXE_nvme-check");
 const CRASH: &str = env!("CARGO_BIN_EXE_nvme-crash-cycle");
@@ -32,33 +30,8 @@ const CHECKS: &[&str] = &[
     "bad-namespace",
 ];
 
-fn log(line: impl AsRef<str>) {
-    // Straight to the stderr handle, past the test harness's capture, so CI logs show it.
-    let _ = writeln!(std::io::stderr(), "{}", line.as_ref());
-}
-
 fn boot(opts: RigOptions, cmds: &[GuestCmd]) -> RigRun {
-    let _guard = ONE_GUEST.lock().unwrap_or_else(|p| p.into_inner());
-    let rig = Rig::new(opts).unwrap_or_else(|e| panic!("QEMU rig cannot start: {e}"));
-    let run = rig
-        .run(cmds)
-        .unwrap_or_else(|e| panic!("QEMU rig run failed: {e}"));
-    log(format!(
-        "nvme-guest: guest init after {:.2?}, QEMU exited after {:.2?} ({} commands)",
-        run.boot_time,
-        run.total_time,
-        run.commands.len()
-    ));
-    for (n, c) in run.commands.iter().enumerate() {
-        log(format!(
-            "nvme-guest: [{n}] {} -> exit {}",
-            c.label, c.exit_code
-        ));
-        for l in c.output.lines() {
-            log(format!("nvme-guest: [{n}]   {l}"));
-        }
-    }
-    run
+    common::boot("nvme-guest", opts, cmds, true)
 }
 
 fn seed() -> String {
@@ -103,14 +76,17 @@ fn crash_cycle(seed: &str) -> GuestCmd {
     )
 }
 
+/// The first output line that starts with `head`.
+fn line<'a>(c: &'a CmdResult, head: &str) -> &'a str {
+    c.output
+        .lines()
+        .find(|l| l.starts_with(head))
+        .unwrap_or_else(|| panic!("no line starting {head:?}:\n{}", c.output))
+}
+
 /// The line of check `name`, which must have passed.
 fn passed<'a>(c: &'a CmdResult, name: &str) -> &'a str {
-    let head = format!("CHECK {name} ");
-    let line = c
-        .output
-        .lines()
-        .find(|l| l.starts_with(&head))
-        .unwrap_or_else(|| panic!("no line for check {name}:\n{}", c.output));
+    let line = line(c, &format!("CHECK {name} "));
     assert!(
         line.starts_with(&format!("CHECK {name} PASS: ")),
         "{line}\n{}",
@@ -150,13 +126,8 @@ fn assert_checks_pass(c: &CmdResult, block: u32) {
 fn assert_crash_cycles_pass(c: &CmdResult) {
     assert_eq!(c.exit_code, 0, "nvme-crash-cycle:\n{}", c.output);
     for k in 1..=5 {
-        let head = format!("CYCLE {k} PASS: ");
-        let line = c
-            .output
-            .lines()
-            .find(|l| l.starts_with(&head))
-            .unwrap_or_else(|| panic!("no {head:?} line:\n{}", c.output));
-        assert!(line.contains("signal: 9 (SIGKILL)"), "{line}");
+        let cycle = line(c, &format!("CYCLE {k} PASS: "));
+        assert!(cycle.contains("signal: 9 (SIGKILL)"), "{cycle}");
     }
     assert!(
         c.output

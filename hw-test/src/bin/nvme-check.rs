@@ -238,10 +238,7 @@ mod linux {
                         flushes += 1;
                     }
                 }
-                out.clear();
-                if dev.wait(&mut out, Duration::from_secs(10))? == 0 {
-                    bail!("timed out with {} in flight", dev.in_flight());
-                }
+                wait_some(dev, &mut out)?;
                 for c in out.drain(..) {
                     c.result.with_context(|| format!("I/O {}", c.tag))?;
                     match c.buffer {
@@ -289,6 +286,15 @@ mod linux {
                 pattern(seed, k)
             ),
         }
+    }
+
+    /// Replaces `out` with the next completions; at least one within 10 s.
+    fn wait_some<H: Host>(dev: &mut NvmeDevice<H>, out: &mut Vec<Completion>) -> Result<()> {
+        out.clear();
+        if dev.wait(out, Duration::from_secs(10))? == 0 {
+            bail!("timed out with {} in flight", dev.in_flight());
+        }
+        Ok(())
     }
 
     fn wait_all<H: Host>(dev: &mut NvmeDevice<H>, n: usize) -> Result<Vec<Completion>> {
@@ -440,10 +446,7 @@ mod linux {
                 dev.submit_write(next as u64, base + next as u64 % span, b)?;
                 next += 1;
             }
-            out.clear();
-            if dev.wait(&mut out, Duration::from_secs(10))? == 0 {
-                bail!("timed out with {} in flight", dev.in_flight());
-            }
+            wait_some(dev, &mut out)?;
             for c in out.drain(..) {
                 c.result.with_context(|| format!("write {}", c.tag))?;
                 free.push(
