@@ -196,6 +196,7 @@ mod linux {
         );
         let ledger_path = std::env::temp_dir().join(format!("nvme-crash-ledger-{}", a.seed));
         let mut ledger: Vec<Acked> = Vec::new();
+        let mut offsets = std::collections::BTreeSet::new();
         std::fs::write(&ledger_path, "").with_context(|| format!("{}", ledger_path.display()))?;
         for cycle in 1..=a.cycles {
             let kill_after =
@@ -218,6 +219,12 @@ mod linux {
                         ack.cycle == cycle,
                         "cycle {cycle}'s child reported an ack of cycle {}",
                         ack.cycle
+                    );
+                    // An offset handed out twice means recovery let the log reuse acked space.
+                    ensure!(
+                        offsets.insert(ack.offset),
+                        "offset {} acknowledged twice, the second time as {ack:?}",
+                        ack.offset
                     );
                     ledger.push(ack);
                     acks += 1;
