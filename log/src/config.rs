@@ -77,6 +77,8 @@ pub struct LogConfig {
     pub idle_superblock: Duration,
     /// How long appends wait for space with `on_full = refuse` before failing.
     pub full_wait: Duration,
+    /// Bytes per second the background scrub re-reads and checks (0: no scrub).
+    pub scrub_rate: u64,
 }
 
 impl Default for LogConfig {
@@ -92,6 +94,7 @@ impl Default for LogConfig {
             max_writes_in_flight: 1,
             idle_superblock: Duration::from_secs(1),
             full_wait: Duration::from_secs(5),
+            scrub_rate: 16 << 20,
         }
     }
 }

@@ -37,6 +37,8 @@ pub enum LogError {
         position: u64,
         what: String,
     },
+    #[error("not available yet: {0}")]
+    Unavailable(String),
     #[error("bad configuration: {0}")]
     Config(String),
     #[error("device holds no nvmq log: {0}")]

@@ -3,6 +3,7 @@
 //! One log serves every partition of a device, so one flush covers them all. Opening a device
 //! after a crash is the `recovery` crate's job; it hands the writer a [`Resume`].
 
+pub mod backfill;
 pub mod batch;
 pub mod config;
 mod error;
@@ -10,6 +11,7 @@ pub mod format;
 pub mod layout;
 pub mod mkfs;
 mod reader;
+pub mod scrub;
 pub mod shared;
 pub mod state;
 pub mod writer;
@@ -17,9 +19,10 @@ pub mod writer;
 pub use config::{FlushMode, FormatOptions, LogConfig, OnFull};
 pub use error::LogError;
 pub use reader::{read_with, Record};
-pub use shared::{PartitionView, Shared, WriterStats};
+pub use shared::{PartitionView, Pow2Histogram, Shared, WriterStats};
 pub use writer::{AckFn, Appended, Now, Request, Resume, RetainedBatch, Writer};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -27,6 +30,7 @@ use std::time::{Duration, Instant};
 use blockdev::BlockDevice;
 use crossbeam::channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 
+use backfill::Backfill;
 use layout::Geometry;
 
 /// How long the writer thread waits on the device before looking at the request queue again.
@@ -40,14 +44,18 @@ pub struct Log {
     thread: Option<JoinHandle<()>>,
     geo: Geometry,
     max_payload: usize,
+    /// Tells the background index rebuild to give up (at shutdown).
+    cancel: Arc<AtomicBool>,
 }
 
 impl Log {
     /// Starts the writer on its own thread. The thread owns the device (SPDK-style): producers
     /// hand it appends over a bounded channel, so a full queue makes them wait.
-    pub fn start<D: BlockDevice + 'static>(writer: Writer<D>, queue_capacity: usize) -> Log {
+    pub fn start<D: BlockDevice + 'static>(mut writer: Writer<D>, queue_capacity: usize) -> Log {
         let (tx, rx) = bounded(queue_capacity.max(1));
         let shared = writer.shared();
+        let backfill = writer.take_backfill();
+        let scrub_rate = writer.config().scrub_rate;
         let geo = writer.geometry();
         let max_payload = writer.max_payload();
         let thread = std::thread::Builder::new()
@@ -60,12 +68,34 @@ impl Log {
                 None
             }
         };
+        let cancel = Arc::new(AtomicBool::new(false));
+        if let Some(job) = backfill {
+            spawn_backfill(job, tx.clone(), cancel.clone());
+        }
+        if scrub_rate > 0 {
+            let (tx, cancel, shared) = (tx.clone(), cancel.clone(), shared.clone());
+            let stop = cancel.clone();
+            let spawned = std::thread::Builder::new()
+                .name("nvmq-scrub".into())
+                .spawn(move || {
+                    scrub::run(geo, shared, scrub_rate, cancel, |position, len| {
+                        if stop.load(Ordering::Relaxed) {
+                            return Err(LogError::Shutdown);
+                        }
+                        read_raw_via(&tx, position, len)
+                    })
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "could not start the scrub thread");
+            }
+        }
         Log {
             tx: Some(tx),
             shared,
             thread,
             geo,
             max_payload,
+            cancel,
         }
     }
 
@@ -191,15 +221,10 @@ impl Log {
     }
 
     fn read_raw(&self, position: u64, len: u64) -> Result<Vec<u8>, LogError> {
-        let (tx, rx) = bounded(1);
-        self.send(Request::Read {
-            position,
-            len,
-            reply: Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        })?;
-        rx.recv().map_err(|_| LogError::Shutdown)?
+        match &self.tx {
+            Some(tx) => read_raw_via(tx, position, len),
+            None => Err(LogError::Shutdown),
+        }
     }
 
     pub fn stats(&self) -> WriterStats {
@@ -234,6 +259,7 @@ impl Log {
     }
 
     fn stop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
         self.tx = None;
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -244,6 +270,53 @@ impl Log {
 impl Drop for Log {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Raw log bytes through the writer's queue (the writer owns the device).
+fn read_raw_via(tx: &Sender<Request>, position: u64, len: u64) -> Result<Vec<u8>, LogError> {
+    let (reply_tx, reply_rx) = bounded(1);
+    tx.send(Request::Read {
+        position,
+        len,
+        reply: Box::new(move |r| {
+            let _ = reply_tx.send(r);
+        }),
+    })
+    .map_err(|_| LogError::Shutdown)?;
+    reply_rx.recv().map_err(|_| LogError::Shutdown)?
+}
+
+/// Rebuilds the index below the recovery point on a thread of its own, reading through the
+/// writer like any reader, and hands the result to the writer.
+fn spawn_backfill(job: Backfill, tx: Sender<Request>, cancel: Arc<AtomicBool>) {
+    let started = Instant::now();
+    let failed = tx.clone();
+    let run = move || {
+        let mut read = |position: u64, len: u64| {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(LogError::Shutdown);
+            }
+            read_raw_via(&tx, position, len)
+        };
+        let result = job.run(&mut read);
+        tracing::info!(
+            from = job.from,
+            to = job.to,
+            ms = started.elapsed().as_millis() as u64,
+            ok = result.is_ok(),
+            "index below the recovery point rebuilt"
+        );
+        let _ = tx.send(Request::Backfilled(result));
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("nvmq-backfill".into())
+        .spawn(run)
+    {
+        tracing::error!(error = %e, "could not start the index rebuild thread");
+        let _ = failed.send(Request::Backfilled(Err(format!(
+            "could not start the index rebuild: {e}"
+        ))));
     }
 }
 

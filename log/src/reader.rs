@@ -3,7 +3,7 @@
 use crate::batch::check_batch;
 use crate::format::RecordKind;
 use crate::layout::Geometry;
-use crate::shared::Shared;
+use crate::shared::{Shared, SharedState};
 use crate::{Log, LogError};
 
 /// A record served to a reader.
@@ -16,6 +16,9 @@ pub struct Record {
     pub position: u64,
     pub payload: Vec<u8>,
 }
+
+/// How long a read below the recovery point waits for the background index rebuild.
+const BACKFILL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// At most this many batches are read for one call.
 const MAX_BATCHES_PER_READ: usize = 64;
@@ -47,7 +50,28 @@ pub fn read_with(
     mut read_raw: impl FnMut(u64, u64) -> Result<Vec<u8>, LogError>,
 ) -> Result<Vec<Record>, LogError> {
     let entries = {
-        let s = shared.lock();
+        // Below the part indexed so far, wait for the background rebuild (see `backfill`).
+        let below_indexed = |s: &SharedState| {
+            s.partitions.get(&partition).is_some_and(|v| {
+                offset < v.durable_end && v.entries.front().is_none_or(|e| offset < e.first_offset)
+            })
+        };
+        let s = shared.wait_until(BACKFILL_WAIT, |s| !(s.backfill_pending && below_indexed(s)));
+        if s.backfill_pending && below_indexed(&s) {
+            return Err(LogError::Unavailable(format!(
+                "partition {partition} offset {offset} lies below the recovery point, whose index is still being rebuilt"
+            )));
+        }
+        if let Some(what) = &s.backfill_error {
+            if below_indexed(&s) {
+                return Err(LogError::Corrupt {
+                    partition,
+                    offset,
+                    position: 0,
+                    what: format!("the log below the recovery point could not be indexed: {what}"),
+                });
+            }
+        }
         let v = s
             .partitions
             .get(&partition)

@@ -39,6 +39,34 @@ impl PartitionView {
     }
 }
 
+/// Buckets of a [`Pow2Histogram`]: bucket `i` counts values below 2^i and (past bucket 0) at
+/// least 2^(i-1); the last one also takes everything larger.
+pub const POW2_BUCKETS: usize = 23;
+
+/// A histogram of whole numbers in power-of-two buckets, fixed in size so that the stats stay a
+/// plain `Copy` value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pow2Histogram {
+    pub buckets: [u64; POW2_BUCKETS],
+    pub count: u64,
+    pub sum: u64,
+}
+
+impl Pow2Histogram {
+    /// Exclusive upper bound of bucket `i` (the last bucket is unbounded).
+    pub fn bucket_bound(i: usize) -> u64 {
+        1u64 << i
+    }
+
+    pub fn record(&mut self, value: u64) {
+        // The first bucket whose bound exceeds the value.
+        let i = (u64::BITS - value.leading_zeros()) as usize;
+        self.buckets[i.min(POW2_BUCKETS - 1)] += 1;
+        self.count += 1;
+        self.sum = self.sum.saturating_add(value);
+    }
+}
+
 /// Counters the writer keeps; figures for `bench` and metrics.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WriterStats {
@@ -51,6 +79,10 @@ pub struct WriterStats {
     pub checkpoints: u64,
     pub reads: u64,
     pub corrupt_reads: u64,
+    /// Flush latency in microseconds, submission to completion as the writer sees it.
+    pub flush_latency_us: Pow2Histogram,
+    /// Appends acknowledged each time D moved over some (in the default mode: per flush).
+    pub records_per_flush: Pow2Histogram,
 }
 
 #[derive(Debug, Default)]
@@ -65,6 +97,14 @@ pub struct SharedState {
     pub stats: WriterStats,
     pub epoch: u64,
     pub stopped: bool,
+    /// The index below the recovery point is still being rebuilt (readers below it wait).
+    pub backfill_pending: bool,
+    /// Why the rebuild stopped short: damage below the recovery point.
+    pub backfill_error: Option<String>,
+    /// Bytes the rebuild read.
+    pub backfill_bytes: u64,
+    /// What the background scrub found.
+    pub scrub: crate::scrub::ScrubState,
 }
 
 /// The state plus a condition variable that wakes readers waiting for new durable data.
@@ -105,6 +145,21 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_land_in_power_of_two_buckets() {
+        let mut f = Pow2Histogram::default();
+        f.record(0);
+        f.record(1); // [1, 2)
+        f.record(3000); // [2048, 4096)
+        f.record(u64::MAX);
+        assert_eq!(f.buckets[0], 1);
+        assert_eq!(f.buckets[1], 1);
+        assert_eq!(f.buckets[12], 1);
+        assert_eq!(f.buckets[POW2_BUCKETS - 1], 1);
+        assert_eq!(f.count, 4);
+        assert_eq!(f.sum, u64::MAX);
+    }
 
     #[test]
     fn locate_finds_the_batch_holding_an_offset() {

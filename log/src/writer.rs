@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use blockdev::{BlockDevice, Completion, IoBuffer};
 
+use crate::backfill::{Backfill, Backfilled};
 use crate::batch::BatchBuilder;
 use crate::config::{FlushMode, LogConfig, OnFull};
 use crate::format::{
@@ -58,6 +59,8 @@ pub enum Request {
         index: u32,
         ack: AckFn,
     },
+    /// The background index rebuild below the recovery point finished (see `backfill`).
+    Backfilled(Result<Backfilled, String>),
     /// Raw log bytes [position, position + len), for readers (the writer owns the device).
     Read {
         position: u64,
@@ -96,8 +99,11 @@ pub struct Resume {
     pub registry: Registry,
     /// Index entries of every retained durable batch, per partition, in offset order.
     pub index: HashMap<u32, VecDeque<IndexEntry>>,
-    /// Retained durable batches from the head up to the tail.
+    /// Retained durable batches from the head up to the tail (from the recovery point up when
+    /// `backfill` is set).
     pub retained: VecDeque<RetainedBatch>,
+    /// The part of the log below the recovery point still to be indexed, in the background.
+    pub backfill: Option<Backfill>,
 }
 
 const TAG_WRITE: u64 = 1 << 56;
@@ -146,6 +152,8 @@ struct InFlight {
 
 struct FlushSlot {
     tag: u64,
+    /// When it was submitted, for the flush latency figure.
+    submitted_ns: u64,
     covers: u64,
     covers_superblock: bool,
     result: Option<Result<(), blockdev::DeviceError>>,
@@ -190,6 +198,11 @@ pub struct Writer<D: BlockDevice> {
     /// The owner is shutting down: flush whatever the relaxed modes left in the cache, so that a
     /// clean stop loses nothing.
     closing: bool,
+    /// The background index rebuild, until its owner takes it to run.
+    backfill: Option<Backfill>,
+    /// Until the rebuild is installed, retention frees nothing: the batches below the recovery
+    /// point are not known yet.
+    backfill_pending: bool,
     batches: VecDeque<InFlight>,
     writes_in_flight: usize,
     write_tags: HashMap<u64, u64>,
@@ -269,6 +282,8 @@ impl<D: BlockDevice> Writer<D> {
             flush_requested: resume.tail,
             last_flush_ns: 0,
             closing: false,
+            backfill: resume.backfill,
+            backfill_pending: resume.backfill.is_some(),
             batches: VecDeque::new(),
             writes_in_flight: 0,
             write_tags: HashMap::new(),
@@ -302,6 +317,7 @@ impl<D: BlockDevice> Writer<D> {
         s.durable = self.durable;
         s.head = self.head();
         s.epoch = self.epoch;
+        s.backfill_pending = self.backfill_pending;
         for p in self.registry.iter() {
             s.partitions.insert(
                 p.id,
@@ -314,6 +330,10 @@ impl<D: BlockDevice> Writer<D> {
                 },
             );
         }
+    }
+
+    pub fn config(&self) -> &LogConfig {
+        &self.cfg
     }
 
     pub fn shared(&self) -> Arc<Shared> {
@@ -336,6 +356,61 @@ impl<D: BlockDevice> Writer<D> {
 
     pub fn fatal(&self) -> Option<&LogError> {
         self.fatal.as_ref()
+    }
+
+    /// The background index rebuild to run (once): `Log::start` runs it on a thread of its own; a
+    /// caller stepping the writer runs it with reads through the stepped writer. Its result comes
+    /// back as `Request::Backfilled`.
+    pub fn take_backfill(&mut self) -> Option<Backfill> {
+        self.backfill.take()
+    }
+
+    /// Runs the background index rebuild right here, for owners that step the writer themselves
+    /// (simulations, tools): `read` fetches raw log bytes by stepping this writer.
+    pub fn backfill_with(
+        &mut self,
+        mut read: impl FnMut(&mut Self, u64, u64) -> Result<Vec<u8>, LogError>,
+    ) {
+        let Some(job) = self.take_backfill() else {
+            return;
+        };
+        let result = job.run(&mut |position, len| read(self, position, len));
+        self.install_backfill(result);
+    }
+
+    /// Installs the index below the recovery point in front of what the writer has indexed since.
+    fn install_backfill(&mut self, result: Result<Backfilled, String>) {
+        if !self.backfill_pending {
+            return;
+        }
+        self.backfill_pending = false;
+        let mut s = self.shared.lock();
+        s.backfill_pending = false;
+        match result {
+            Ok(mut b) => {
+                s.backfill_bytes = b.bytes_read;
+                while let Some(r) = b.retained.pop_back() {
+                    self.retained.push_front(r);
+                }
+                for (id, v) in s.partitions.iter_mut() {
+                    if let Some(mut older) = b.index.remove(id) {
+                        older.extend(v.entries.drain(..));
+                        v.entries = older;
+                    }
+                    let start = v.entries.front().map_or(v.durable_end, |e| e.first_offset);
+                    v.start_offset = start;
+                    if let Some(p) = self.registry.get_mut(*id) {
+                        p.start_offset = start;
+                    }
+                }
+            }
+            Err(what) => {
+                tracing::error!(%what, "damage below the recovery point: older records of the log cannot be served");
+                s.backfill_error = Some(what);
+            }
+        }
+        drop(s);
+        self.shared.notify();
     }
 
     /// Shutting down: from now on every write is flushed at once, whatever the flush mode.
@@ -367,6 +442,7 @@ impl<D: BlockDevice> Writer<D> {
             match req {
                 Request::Append { ack, .. } | Request::CreatePartition { ack, .. } => ack(Err(e)),
                 Request::Read { reply, .. } => reply(Err(e)),
+                Request::Backfilled(_) => {}
             }
             return;
         }
@@ -417,6 +493,7 @@ impl<D: BlockDevice> Writer<D> {
                 len,
                 reply,
             } => self.start_read(position, len, reply),
+            Request::Backfilled(result) => self.install_backfill(result),
         }
     }
 
@@ -439,6 +516,7 @@ impl<D: BlockDevice> Writer<D> {
         }
         let mut moved = !comps.is_empty();
         for c in comps.drain(..) {
+            self.note_flush_latency(&c, now);
             self.complete(c);
         }
         self.completions = comps;
@@ -629,6 +707,10 @@ impl<D: BlockDevice> Writer<D> {
         {
             let mut s = self.shared.lock();
             s.durable = self.durable;
+            let acks: usize = done.iter().filter(|b| !b.acked).map(|b| b.acks.len()).sum();
+            if acks > 0 {
+                s.stats.records_per_flush.record(acks as u64);
+            }
             for b in &mut done {
                 for (id, topic, index) in b.created.drain(..) {
                     s.partitions.insert(
@@ -710,6 +792,7 @@ impl<D: BlockDevice> Writer<D> {
         }
         self.flushes.push_back(FlushSlot {
             tag,
+            submitted_ns: now.mono_ns,
             covers: self.written_through,
             covers_superblock: sb_waiting,
             result: None,
@@ -718,6 +801,21 @@ impl<D: BlockDevice> Writer<D> {
         self.last_flush_ns = now.mono_ns;
         self.shared.lock().stats.flushes += 1;
         true
+    }
+
+    /// Counts a flush completion in the latency figure (metrics only; decides nothing).
+    fn note_flush_latency(&self, c: &Completion, now: Now) {
+        if c.tag & TAG_KIND != TAG_FLUSH {
+            return;
+        }
+        if let Some(f) = self.flushes.iter().find(|f| f.tag == c.tag) {
+            let took = now.mono_ns.saturating_sub(f.submitted_ns);
+            self.shared
+                .lock()
+                .stats
+                .flush_latency_us
+                .record(took / 1000);
+        }
     }
 
     fn window_full(&self) -> bool {
@@ -1032,14 +1130,16 @@ impl<D: BlockDevice> Writer<D> {
             head > cur.head,
             // The older copy still pins space the writer is waiting for.
             self.space_needed_head > 0 && other.head < cur.head,
-            // An idle writer records its D within about a second.
+            // An idle writer records its D within about a second, and at once when it is
+            // shutting down, so that a clean stop leaves D in the superblock.
             self.pending.is_empty()
                 && self.batches.is_empty()
                 && self.durable > cur.durable_through
-                && now
-                    .mono_ns
-                    .saturating_sub(self.last_activity_ns.max(self.sb_last_ns))
-                    >= self.cfg.idle_superblock.as_nanos() as u64,
+                && (self.closing
+                    || now
+                        .mono_ns
+                        .saturating_sub(self.last_activity_ns.max(self.sb_last_ns))
+                        >= self.cfg.idle_superblock.as_nanos() as u64),
         ];
         if !reasons.iter().any(|&r| r) {
             // Space is needed but the recovery point pins the head: checkpoint now.
@@ -1094,6 +1194,9 @@ impl<D: BlockDevice> Writer<D> {
     /// the recovery point the next superblock names.
     fn wanted_head(&self, rp: u64, now: Now) -> u64 {
         let mut head = self.newest_sb().head;
+        if self.backfill_pending {
+            return head;
+        }
         // Free an eighth of the ring at a time: freeing only what the next batch needs would
         // cost two superblock updates (and their flushes) per batch once the ring is full.
         let need = if self.cfg.on_full == OnFull::DropOldest && self.space_needed_head > 0 {

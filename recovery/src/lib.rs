@@ -5,16 +5,19 @@
 mod choose;
 mod cursor;
 mod error;
+mod examine;
 mod scan;
 
 pub use choose::{choose, slot_name, Choice};
 pub use error::RecoveryError;
-pub use scan::{scan_range, ScanStop, Scanned};
+pub use examine::{examine, Examination};
+pub use scan::{scan_range, ChainRules, ScanStop, Scanned, StopOrEnd};
 
 use std::time::{Duration, Instant};
 
 use blockdev::{flush_sync, BlockDevice};
-use nvmq_log::format::Superblock;
+use nvmq_log::backfill::Backfill;
+use nvmq_log::format::{Superblock, SuperblockFault};
 use nvmq_log::layout::Geometry;
 use nvmq_log::mkfs::{read_superblocks, write_superblock};
 use nvmq_log::{LogConfig, Resume, Writer};
@@ -42,13 +45,15 @@ pub struct RecoveryReport {
     pub new_epoch: u64,
     pub duration: Duration,
     pub index_duration: Duration,
+    /// The log range whose index is rebuilt in the background after open, if any.
+    pub backfill: Option<(u64, u64)>,
 }
 
 impl std::fmt::Display for RecoveryReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "recovered from superblock {} (sequence {}): scanned {} B from recovery point {} in {:.1} ms ({} batches, {} records); cut at {} ({}); new epoch {}; index rebuilt over {} B in {:.1} ms",
+            "recovered from superblock {} (sequence {}): scanned {} B from recovery point {} in {:.1} ms ({} batches, {} records); cut at {} ({}); new epoch {}; ",
             slot_name(self.chosen.copy),
             self.chosen.sequence,
             self.scanned_bytes,
@@ -59,16 +64,46 @@ impl std::fmt::Display for RecoveryReport {
             self.cut_at,
             self.stop,
             self.new_epoch,
-            self.indexed_bytes,
-            self.index_duration.as_secs_f64() * 1e3
-        )
+        )?;
+        match self.backfill {
+            Some((from, to)) => write!(
+                f,
+                "index below the recovery point ({} B from {from}) rebuilt in the background",
+                to - from
+            ),
+            None => write!(
+                f,
+                "index rebuilt over {} B in {:.1} ms",
+                self.indexed_bytes,
+                self.index_duration.as_secs_f64() * 1e3
+            ),
+        }
     }
 }
 
-/// Recovers the log on `dev` and returns the state the writer resumes from. Writes only the two
-/// superblock updates that fence the cut.
+/// When the index below the recovery point is rebuilt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexMode {
+    /// After the writer starts, through its read path (`Log::start` runs it): open time grows
+    /// only with the bytes above the recovery point. Damage found there is reported by reads.
+    Background,
+    /// Before returning: open reads the whole retained log and refuses damage anywhere in it.
+    Eager,
+}
+
+/// Recovers the log on `dev` and returns the state the writer resumes from, with the index below
+/// the recovery point left to a background rebuild. Writes only the two superblock updates that
+/// fence the cut.
 pub fn recover<D: BlockDevice + ?Sized>(
     dev: &mut D,
+) -> Result<(Resume, RecoveryReport), RecoveryError> {
+    recover_with(dev, IndexMode::Background)
+}
+
+/// [`recover`], choosing when the index below the recovery point is rebuilt.
+pub fn recover_with<D: BlockDevice + ?Sized>(
+    dev: &mut D,
+    mode: IndexMode,
 ) -> Result<(Resume, RecoveryReport), RecoveryError> {
     let started = Instant::now();
     // 1. Nothing read before this flush may be trusted as durable.
@@ -77,26 +112,8 @@ pub fn recover<D: BlockDevice + ?Sized>(
         source,
     })?;
     let copies = read_superblocks(dev);
-    let choice = choose(&copies)?;
+    let (choice, geo) = prepare(dev, &copies)?;
     let sb = choice.chosen;
-    let needed = sb.log_start + sb.log_size;
-    if dev.info().capacity < needed {
-        return Err(RecoveryError::DeviceTooSmall {
-            capacity: dev.info().capacity,
-            needed,
-        });
-    }
-    if sb.write_unit % dev.info().logical_block_size != 0 {
-        return Err(RecoveryError::Damage {
-            position: 0,
-            what: format!(
-                "write unit {} is not a multiple of the device's logical block size {}",
-                sb.write_unit,
-                dev.info().logical_block_size
-            ),
-        });
-    }
-    let geo = Geometry::from_superblock(&sb, dev.info().logical_block_size);
 
     // 2–3. Scan from the recovery point, probe past the stop, decide.
     let scanned = scan::recover_scan(dev, &geo, &sb)?;
@@ -123,9 +140,26 @@ pub fn recover<D: BlockDevice + ?Sized>(
     };
     write_superblock(dev, &second)?;
 
-    // 5. Rebuild what derives from the log: the index below the recovery point.
+    // 5. Rebuild what derives from the log: the index below the recovery point, in the
+    //    background once the writer runs (recovery time must not grow with the log), or here.
     let index_started = Instant::now();
-    let below = scan::index_below(dev, &geo, &sb, &scanned)?;
+    let (below, backfill) = if mode == IndexMode::Background && sb.head < sb.recovery_point {
+        let above = scan::Below {
+            registry: scanned.registry.clone(),
+            index: scanned.index.clone(),
+            retained: scanned.retained.clone(),
+            bytes_read: 0,
+        };
+        let job = Backfill {
+            from: sb.head,
+            to: sb.recovery_point,
+            geo,
+            scan: scan::backfill_scan,
+        };
+        (above, Some(job))
+    } else {
+        (scan::index_below(dev, &geo, &sb, &scanned)?, None)
+    };
     let index_duration = index_started.elapsed();
 
     let mut superblocks = [first, first];
@@ -148,6 +182,7 @@ pub fn recover<D: BlockDevice + ?Sized>(
         new_epoch,
         duration: duration_scan,
         index_duration,
+        backfill: backfill.map(|b| (b.from, b.to)),
     };
     tracing::info!(%report, "recovery done");
     let resume = Resume {
@@ -158,8 +193,20 @@ pub fn recover<D: BlockDevice + ?Sized>(
         registry: below.registry,
         index: below.index,
         retained: below.retained,
+        backfill,
     };
     Ok((resume, report))
+}
+
+/// [`open`], choosing when the index below the recovery point is rebuilt.
+pub fn open_with<D: BlockDevice>(
+    mut dev: D,
+    cfg: LogConfig,
+    mode: IndexMode,
+) -> Result<(Writer<D>, RecoveryReport), RecoveryError> {
+    let (resume, report) = recover_with(&mut dev, mode)?;
+    let w = Writer::new(dev, cfg, resume)?;
+    Ok((w, report))
 }
 
 /// Recovers and starts a writer over the device.
@@ -170,4 +217,35 @@ pub fn open<D: BlockDevice>(
     let (resume, report) = recover(&mut dev)?;
     let w = Writer::new(dev, cfg, resume)?;
     Ok((w, report))
+}
+
+/// Chooses the superblock copy and checks its geometry against the device: the part of opening
+/// that recovery and the read-only [`examine`] share.
+pub(crate) fn prepare<D: BlockDevice + ?Sized>(
+    dev: &mut D,
+    copies: &[Result<Superblock, SuperblockFault>; 2],
+) -> Result<(Choice, Geometry), RecoveryError> {
+    let choice = choose(copies)?;
+    let sb = choice.chosen;
+    let needed = sb.log_start + sb.log_size;
+    if dev.info().capacity < needed {
+        return Err(RecoveryError::DeviceTooSmall {
+            capacity: dev.info().capacity,
+            needed,
+        });
+    }
+    if sb.write_unit % dev.info().logical_block_size != 0 {
+        return Err(RecoveryError::Damage {
+            position: 0,
+            what: format!(
+                "write unit {} is not a multiple of the device's logical block size {}",
+                sb.write_unit,
+                dev.info().logical_block_size
+            ),
+        });
+    }
+    Ok((
+        choice,
+        Geometry::from_superblock(&sb, dev.info().logical_block_size),
+    ))
 }

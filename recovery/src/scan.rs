@@ -11,8 +11,9 @@ use nvmq_log::shared::IndexEntry;
 use nvmq_log::state::{decode_create, Registry};
 use nvmq_log::RetainedBatch;
 
-use crate::cursor::Cursor;
+use crate::cursor::{Cursor, DeviceSource, LogSource, WriterSource};
 use crate::RecoveryError;
+use nvmq_log::backfill::{Backfilled, RawRead};
 
 /// Where and why a scan stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,13 +87,25 @@ pub fn scan_range<D: BlockDevice + ?Sized>(
     from: u64,
     until: Option<u64>,
     rules: ChainRules,
+    visit: impl FnMut(&BatchHeader, &[RecordRef<'_>]) -> Result<(), String>,
+) -> Scanned {
+    scan_source(&mut DeviceSource(dev), geo, from, until, rules, visit)
+}
+
+/// [`scan_range`] over any source of log bytes.
+pub fn scan_source<S: LogSource + ?Sized>(
+    src: &mut S,
+    geo: &Geometry,
+    from: u64,
+    until: Option<u64>,
+    rules: ChainRules,
     mut visit: impl FnMut(&BatchHeader, &[RecordRef<'_>]) -> Result<(), String>,
 ) -> Scanned {
     let mut out = Scanned {
         cut: from,
         ..Scanned::default()
     };
-    let mut cursor = Cursor::new(dev, *geo);
+    let mut cursor = Cursor::new(src, *geo);
     let mut link = rules.first_link;
     let mut last_epoch = 0u64;
     let mut pos = from;
@@ -218,7 +231,8 @@ fn probe<D: BlockDevice + ?Sized>(
     let u = geo.write_unit;
     // Saturating: a damaged superblock may name positions near u64::MAX.
     let end = stop.saturating_add((geo.window + geo.max_batch).min(geo.log_size - u));
-    let mut cursor = Cursor::new(dev, *geo);
+    let mut src = DeviceSource(dev);
+    let mut cursor = Cursor::new(&mut src, *geo);
     let mut q = stop;
     while q < end {
         let block = match cursor.get(q, u) {
@@ -450,48 +464,9 @@ pub fn index_below<D: BlockDevice + ?Sized>(
     sb: &Superblock,
     above: &Scanned,
 ) -> Result<Below, RecoveryError> {
-    let mut index: HashMap<u32, VecDeque<IndexEntry>> = HashMap::new();
-    let mut retained = VecDeque::new();
-    let rules = ChainRules {
-        first_link: None,
-        epoch: 0,
-        epoch_start: u64::MAX,
-    };
-    let scanned = scan_range(
-        dev,
-        geo,
-        sb.head,
-        Some(sb.recovery_point),
-        rules,
-        |h, recs| {
-            for r in recs.iter().filter(|r| r.header.kind == RecordKind::Data) {
-                add_entry(
-                    &mut index,
-                    h,
-                    r.header.partition,
-                    r.header.offset,
-                    r.header.span,
-                );
-            }
-            retained.push_back(retained_of(h));
-            Ok(())
-        },
-    );
-    if let StopOrEnd::Stop(s) = &scanned.stop {
-        return Err(RecoveryError::Damage {
-            position: s.position,
-            what: format!("below the recovery point: {}", s.what),
-        });
-    }
-    if scanned.cut != sb.recovery_point {
-        return Err(RecoveryError::Damage {
-            position: scanned.cut,
-            what: format!(
-                "batches below the recovery point end at {}, not at the recovery point {}",
-                scanned.cut, sb.recovery_point
-            ),
-        });
-    }
+    let b = scan_below(&mut DeviceSource(dev), geo, sb.head, sb.recovery_point)
+        .map_err(|(position, what)| RecoveryError::Damage { position, what })?;
+    let (mut index, mut retained) = (b.index, b.retained);
     for (id, entries) in &above.index {
         index
             .entry(*id)
@@ -515,6 +490,64 @@ pub fn index_below<D: BlockDevice + ?Sized>(
         registry,
         index,
         retained,
+        bytes_read: b.bytes_read,
+    })
+}
+
+/// Indexes the batches of [from, to): acknowledged data, so any failure is damage, returned as
+/// (position, what).
+pub fn scan_below<S: LogSource + ?Sized>(
+    src: &mut S,
+    geo: &Geometry,
+    from: u64,
+    to: u64,
+) -> Result<Backfilled, (u64, String)> {
+    let mut index: HashMap<u32, VecDeque<IndexEntry>> = HashMap::new();
+    let mut retained = VecDeque::new();
+    let rules = ChainRules {
+        first_link: None,
+        epoch: 0,
+        epoch_start: u64::MAX,
+    };
+    let scanned = scan_source(src, geo, from, Some(to), rules, |h, recs| {
+        for r in recs.iter().filter(|r| r.header.kind == RecordKind::Data) {
+            add_entry(
+                &mut index,
+                h,
+                r.header.partition,
+                r.header.offset,
+                r.header.span,
+            );
+        }
+        retained.push_back(retained_of(h));
+        Ok(())
+    });
+    if let StopOrEnd::Stop(s) = &scanned.stop {
+        return Err((s.position, format!("below the recovery point: {}", s.what)));
+    }
+    if scanned.cut != to {
+        return Err((
+            scanned.cut,
+            format!(
+                "batches below the recovery point end at {}, not at the recovery point {to}",
+                scanned.cut
+            ),
+        ));
+    }
+    Ok(Backfilled {
+        index,
+        retained,
         bytes_read: scanned.bytes_read,
     })
+}
+
+/// The background index rebuild ([`nvmq_log::backfill`]): [`scan_below`] through the writer.
+pub fn backfill_scan(
+    geo: &Geometry,
+    from: u64,
+    to: u64,
+    read: &mut RawRead<'_>,
+) -> Result<Backfilled, String> {
+    scan_below(&mut WriterSource(read), geo, from, to)
+        .map_err(|(position, what)| format!("at log position {position}: {what}"))
 }

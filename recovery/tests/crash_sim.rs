@@ -30,6 +30,11 @@ const REGRESSION_SEEDS: &[u64] = &[
     6015399947746486942,
 ];
 
+/// Seeds of the write/flush error campaign (20 cuts each, faults without bit rot) that once
+/// failed. 10443299422320433550: a flush failing while an earlier flush still ran doomed data that
+/// the earlier flush then reported durable (fixed in the sim's doom rule).
+const FAULT_REGRESSION_SEEDS: &[u64] = &[10443299422320433550];
+
 /// A device wrapper that cuts the power at its n-th submission: a cut *during* recovery.
 struct CutAfter {
     inner: SimDevice,
@@ -168,6 +173,8 @@ impl World {
             max_writes_in_flight: rng.range(1, 4) as usize,
             idle_superblock: Duration::from_millis(rng.range(1, 50)),
             full_wait: Duration::from_millis(20),
+            // The stepped writer has no Log threads; scrubbing is tested on the threaded Log.
+            scrub_rate: 0,
         };
         let fmt = FormatOptions {
             window,
@@ -262,19 +269,8 @@ impl World {
         }
         let mut at = from.max(start);
         while at < end {
-            let slot: Shared<Result<Vec<u8>, LogError>> = Arc::default();
             let recs = {
-                let mut reads = |pos: u64, len: u64| {
-                    let s2 = slot.clone();
-                    w.submit(Request::Read {
-                        position: pos,
-                        len,
-                        reply: Box::new(move |r| s2.lock().unwrap().push(r)),
-                    });
-                    drive(&self.clock, w, |_| !slot.lock().unwrap().is_empty());
-                    let r = slot.lock().unwrap().pop();
-                    r.unwrap_or(Err(LogError::Shutdown))
-                };
+                let mut reads = |pos: u64, len: u64| stepped_read(&self.clock, w, pos, len);
                 read_with(&shared, &geo, id, at, 64 << 10, &mut reads)
             };
             let recs = match recs {
@@ -413,6 +409,25 @@ fn drive<D: BlockDevice>(
     }
 }
 
+/// Raw log bytes through the stepped writer, as `Log` reads them through its thread.
+fn stepped_read<D: BlockDevice>(
+    clock: &SimClock,
+    w: &mut Writer<D>,
+    position: u64,
+    len: u64,
+) -> Result<Vec<u8>, LogError> {
+    let slot: Shared<Result<Vec<u8>, LogError>> = Arc::default();
+    let s2 = slot.clone();
+    w.submit(Request::Read {
+        position,
+        len,
+        reply: Box::new(move |r| s2.lock().unwrap().push(r)),
+    });
+    drive(clock, w, |_| !slot.lock().unwrap().is_empty());
+    let r = slot.lock().unwrap().pop();
+    r.unwrap_or(Err(LogError::Shutdown))
+}
+
 fn self_now(clock: &SimClock) -> Now {
     let ns = clock.now_nanos();
     Now {
@@ -471,7 +486,9 @@ fn run(seed: u64, cuts: u64, knobs: Knobs) -> Result<Summary, String> {
         }
         let boxed = open_dev(&mut world, dev);
         let mut w = match recovery::open(boxed, world.log_cfg.clone()) {
-            Ok((w, report)) => {
+            Ok((mut w, report)) => {
+                let clock = world.clock.clone();
+                w.backfill_with(|w, p, l| stepped_read(&clock, w, p, l));
                 if std::env::var("NVMQ_DEBUG").is_ok() {
                     let parts: Vec<_> = w
                         .shared()
@@ -683,7 +700,9 @@ fn run(seed: u64, cuts: u64, knobs: Knobs) -> Result<Summary, String> {
         for _ in 0..4 {
             let d = dev.take().unwrap_or_else(|| world.handle.power_on());
             match recovery::open(Box::new(d) as Dev, world.log_cfg.clone()) {
-                Ok((w, _)) => {
+                Ok((mut w, _)) => {
+                    let clock = world.clock.clone();
+                    w.backfill_with(|w, p, l| stepped_read(&clock, w, p, l));
                     opened = Some(w);
                     break;
                 }
@@ -735,11 +754,20 @@ fn run(seed: u64, cuts: u64, knobs: Knobs) -> Result<Summary, String> {
                         format!("bit rot at {byte} (partition {id} offset {off}): wrong error {e}"),
                     ))
                 }
-                Ok(_) => {
-                    return Err(fail(
-                        seed,
-                        format!("bit rot at {byte} (partition {id} offset {off}) was not refused"),
-                    ))
+                // Below the recovery point, the background index rebuild finds it instead.
+                Ok((mut w, _)) => {
+                    let clock = world.clock.clone();
+                    w.backfill_with(|w, p, l| stepped_read(&clock, w, p, l));
+                    if w.shared().lock().backfill_error.is_some() {
+                        summary.refused_damage += 1;
+                    } else {
+                        return Err(fail(
+                            seed,
+                            format!(
+                                "bit rot at {byte} (partition {id} offset {off}) was neither refused nor reported"
+                            ),
+                        ));
+                    }
                 }
             }
         }
@@ -802,6 +830,18 @@ fn regression_seeds() {
             panic!("regression seed: {e}");
         }
     }
+    for &seed in FAULT_REGRESSION_SEEDS {
+        if let Err(e) = run(
+            seed,
+            20,
+            Knobs {
+                faults: true,
+                bitrot: false,
+            },
+        ) {
+            panic!("fault regression seed: {e}");
+        }
+    }
 }
 
 #[test]
@@ -820,11 +860,7 @@ fn power_cuts_with_a_fresh_seed() {
     );
 }
 
-/// Known open defect: about one seed in a hundred still ends in a refused open after a flush
-/// error (e.g. NVMQ_SEED=10443299422320433550: "record checksum mismatch" below a persisted durable
-/// through). Run it by hand with `--ignored` until that is fixed.
 #[test]
-#[ignore = "finds an open defect after flush errors; see the doc comment"]
 fn write_and_flush_errors_with_a_fresh_seed() {
     let (seeds, cuts) = seeds_from_env(400);
     let first = if std::env::var("NVMQ_SEED").is_ok() {

@@ -87,6 +87,7 @@ fn log_config(retain_bytes: Option<u64>) -> LogConfig {
         max_writes_in_flight: 2,
         idle_superblock: Duration::from_millis(5),
         full_wait: Duration::from_millis(20),
+        scrub_rate: 0,
     }
 }
 
@@ -134,19 +135,39 @@ fn read_once<D: BlockDevice>(
 ) -> Result<Vec<Record>, LogError> {
     let shared = w.shared();
     let geo = w.geometry();
-    let mut raw = |position: u64, len: u64| -> Result<Vec<u8>, LogError> {
-        let slot: Arc<Mutex<Option<RawRead>>> = Arc::default();
-        let s2 = slot.clone();
-        w.submit(Request::Read {
-            position,
-            len,
-            reply: Box::new(move |r| *s2.lock().unwrap() = Some(r)),
-        });
-        drive(w, clock, 20_000, || slot.lock().unwrap().is_some());
-        let r = slot.lock().unwrap().take();
-        r.unwrap_or(Err(LogError::Shutdown))
-    };
+    let mut raw = |position: u64, len: u64| stepped_read(w, clock, position, len);
     read_with(&shared, &geo, partition, offset, 16 << 10, &mut raw)
+}
+
+/// Raw log bytes through the stepped writer.
+fn stepped_read<D: BlockDevice>(
+    w: &mut Writer<D>,
+    clock: &SimClock,
+    position: u64,
+    len: u64,
+) -> RawRead {
+    let slot: Arc<Mutex<Option<RawRead>>> = Arc::default();
+    let s2 = slot.clone();
+    w.submit(Request::Read {
+        position,
+        len,
+        reply: Box::new(move |r| *s2.lock().unwrap() = Some(r)),
+    });
+    drive(w, clock, 20_000, || slot.lock().unwrap().is_some());
+    let r = slot.lock().unwrap().take();
+    r.unwrap_or(Err(LogError::Shutdown))
+}
+
+/// Opens and, as `Log::start` would in the background, rebuilds the index below the recovery
+/// point through the stepped writer.
+fn open_stepped<D: BlockDevice>(
+    dev: D,
+    cfg: LogConfig,
+    clock: &SimClock,
+) -> Result<(Writer<D>, recovery::RecoveryReport), recovery::RecoveryError> {
+    let (mut w, report) = recovery::open(dev, cfg)?;
+    w.backfill_with(|w, p, l| stepped_read(w, clock, p, l));
+    Ok((w, report))
 }
 
 /// (id, start offset, durable end) of every partition the writer serves, sorted.
@@ -237,7 +258,7 @@ fn build_image(label: u64, eras: u32, ragged_end: bool, retain: Option<u64>, loa
     let mut seq = 0u64;
     let mut live_parts = Vec::new();
     for era in 0..eras {
-        let (mut w, _) = recovery::open(dev, log_cfg.clone())
+        let (mut w, _) = open_stepped(dev, log_cfg.clone(), &clock)
             .unwrap_or_else(|e| panic!("image {label}: clean open in era {era} failed: {e}"));
         // What survived the last cut: a prefix of what was sent, byte for byte.
         for (id, start, end) in partitions(&w) {
@@ -611,7 +632,7 @@ fn recover_mutated(which: usize, muts: &[Mutation]) -> Result<(), TestCaseError>
         apply(&handle, img, m);
     }
     let log_cfg = log_config(None);
-    let opened = recovery::open(dev, log_cfg);
+    let opened = open_stepped(dev, log_cfg, &clock);
     let mut w = match opened {
         Err(e) => {
             prop_assert!(

@@ -1,48 +1,64 @@
 //! `nvmq bench`: closed-loop producers against a device, printing what group commit achieves.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use blockdev::{BlockDevice, IoBuffer};
-use crossbeam::channel::{unbounded, Sender};
+use crossbeam::channel::{unbounded, RecvTimeoutError, Sender};
 use hdrhistogram::Histogram;
 use nvmq_log::format::LOG_START;
 use nvmq_log::{FlushMode, FormatOptions, Log, LogConfig, LogError};
 use serde::Serialize;
 
 use crate::devspec::DeviceSpec;
+use crate::plot;
 
 #[derive(clap::Args, Debug, Clone)]
+#[command(after_help = "Examples:\n  \
+    nvmq bench --device sim:flush=4.4ms,write=20us --producers 1,64,1024 --record-size 100,1024\n  \
+    nvmq bench --device file:/data/bench.img --device sim --flush always,interval:5 \\\n        \
+    --out results.json --plot plots/\n\n\
+Every combination of device x flush mode x record size x producers is one scenario. Each device \
+is formatted (a file is created when missing; an existing file other than the default needs \
+--force).")]
 pub struct BenchArgs {
-    /// Device: `file:<path>` (created if missing), `nvme:<pci>[,ns=<id>]` (needs --force), or `sim[:flush=4.4ms,write=20us,capacity=4G,plp=false,serialize=false]`.
-    #[arg(long, default_value = "file:./nvmq-data/bench.img")]
-    pub device: String,
+    /// Device, repeatable: `file:<path>` (created if missing), `nvme:<pci>[,ns=<id>]` (needs --force), or `sim[:flush=4.4ms,write=20us,capacity=4G,plp=false,serialize=false]`.
+    #[arg(long, action = clap::ArgAction::Append, default_value = "file:./nvmq-data/bench.img")]
+    pub device: Vec<String>,
     /// Size of a device file the bench creates.
-    #[arg(long, default_value = "1G")]
-    pub size: String,
+    #[arg(long, value_parser = crate::devspec::parse_size, default_value = "1G")]
+    pub size: u64,
     /// Closed-loop producer counts to run, one scenario each (each waits for its ack before sending again).
     #[arg(long, value_delimiter = ',', default_value = "1,8,64,256")]
     pub producers: Vec<usize>,
     /// Record payload sizes in bytes, one scenario each.
     #[arg(long, value_delimiter = ',', default_value = "100,1024")]
     pub record_size: Vec<usize>,
-    /// How long each scenario runs.
-    #[arg(long, default_value = "3s")]
-    pub duration: String,
-    /// always (ack after flush), interval:<ms>, never.
-    #[arg(long, default_value = "always")]
-    pub flush: String,
+    /// How long each scenario runs (after a warm-up of a fifth of it).
+    #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "3s")]
+    pub duration: Duration,
+    /// Flush modes, one set of scenarios each: always (ack after flush), interval:<ms>, never.
+    #[arg(long, value_delimiter = ',', default_value = "always")]
+    pub flush: Vec<String>,
     /// Flushes the writer keeps in flight.
     #[arg(long, default_value_t = 4)]
     pub flushes_in_flight: usize,
     /// Format an existing file that is not the bench's own default file, or an NVMe namespace.
     #[arg(long)]
     pub force: bool,
-    /// Print results as JSON (one object) instead of a table.
+    /// Print results as JSON (one object) instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Also write the JSON results to this file.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Write SVG charts into this directory: throughput.svg (acks/s and p99 against producers)
+    /// and latency-histogram.svg.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -52,6 +68,14 @@ pub struct DeviceBaseline {
     pub flush_p99_us: f64,
     /// Single writer, 4 KiB write + flush in a loop: operations per second.
     pub write_flush_per_s: f64,
+}
+
+/// One bar of an ack latency histogram: acks that took at most `le_us` (and more than the
+/// previous bar's bound).
+#[derive(Serialize, Debug, Clone)]
+pub struct Bucket {
+    pub le_us: f64,
+    pub count: u64,
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -70,10 +94,12 @@ pub struct Scenario {
     pub write_amplification: f64,
     /// Acks/s over the single-writer write+flush rate of the same device.
     pub vs_single_writer: f64,
+    pub latency_histogram: Vec<Bucket>,
 }
 
+/// The scenarios of one device and flush mode.
 #[derive(Serialize, Debug)]
-pub struct Report {
+pub struct Run {
     pub device: String,
     pub identity: String,
     pub volatile_write_cache: bool,
@@ -84,32 +110,87 @@ pub struct Report {
     pub scenarios: Vec<Scenario>,
 }
 
+#[derive(Serialize, Debug)]
+pub struct Report {
+    pub runs: Vec<Run>,
+}
+
 const DEFAULT_BENCH_FILE: &str = "./nvmq-data/bench.img";
 
-pub fn run(args: BenchArgs) -> Result<()> {
-    let spec: DeviceSpec = args.device.parse()?;
-    let size = crate::devspec::parse_size(&args.size)?;
-    let duration = crate::devspec::parse_duration(&args.duration)?;
-    let flush: FlushMode = args.flush.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+pub fn run(args: BenchArgs) -> Result<crate::Status> {
     if args.producers.is_empty() || args.producers.contains(&0) {
         bail!("--producers wants positive counts, e.g. 1,8,64");
     }
-    if let DeviceSpec::File(p) = &spec {
-        let own = p == std::path::Path::new(DEFAULT_BENCH_FILE);
-        if p.exists() && !own && !args.force {
+    if args.record_size.is_empty() {
+        bail!("--record-size wants at least one size, e.g. 100,1024");
+    }
+    if args.duration.is_zero() {
+        bail!("--duration must be positive, e.g. 3s");
+    }
+    let mut flushes = Vec::new();
+    for f in &args.flush {
+        let mode: FlushMode = f
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--flush: {e}"))?;
+        flushes.push((f.clone(), mode));
+    }
+    let mut specs = Vec::new();
+    for d in &args.device {
+        let spec: DeviceSpec = d.parse()?;
+        if let DeviceSpec::File(p) = &spec {
+            let own = p == Path::new(DEFAULT_BENCH_FILE);
+            if p.exists() && !own && !args.force {
+                bail!(
+                    "{} exists; the bench formats its device. Pass --force to format it, or name a new file",
+                    p.display()
+                );
+            }
+        }
+        if let (DeviceSpec::Nvme { pci, nsid }, false) = (&spec, args.force) {
             bail!(
-                "{} exists; the bench formats its device. Pass --force to format it, or name a new file",
-                p.display()
+                "the bench formats its device; pass --force to overwrite NVMe {pci} namespace {nsid}"
             );
         }
+        specs.push((d.clone(), spec));
     }
-    if let (DeviceSpec::Nvme { pci, nsid }, false) = (&spec, args.force) {
-        bail!(
-            "the bench formats its device; pass --force to overwrite NVMe {pci} namespace {nsid}"
-        );
+    if let Some(dir) = &args.plot {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let mut dev = spec.open(Some(size), |_| Ok(()))?;
-    let baseline = measure_baseline(&mut *dev)?;
+    let total = specs.len() * flushes.len() * args.producers.len() * args.record_size.len();
+    let pb = crate::progress::steps_bar(total as u64, "bench scenarios");
+    let mut runs = Vec::new();
+    for (text, spec) in &specs {
+        for (name, mode) in &flushes {
+            pb.set_message(format!("{text}, flush {name}"));
+            runs.push(run_one(&args, text, spec, name, *mode, &pb)?);
+        }
+    }
+    pb.finish_and_clear();
+    let report = Report { runs };
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(out) = &args.out {
+        std::fs::write(out, format!("{json}\n"))
+            .with_context(|| format!("writing {}", out.display()))?;
+    }
+    if let Some(dir) = &args.plot {
+        write_plots(&report, dir)?;
+    }
+    if args.json {
+        println!("{json}");
+    }
+    Ok(crate::Status::Ok)
+}
+
+fn run_one(
+    args: &BenchArgs,
+    text: &str,
+    spec: &DeviceSpec,
+    flush_name: &str,
+    flush: FlushMode,
+    pb: &indicatif::ProgressBar,
+) -> Result<Run> {
+    let mut dev = spec.open(Some(args.size), |_| Ok(()))?;
+    let baseline = measure_baseline(&mut *dev, args.duration.min(Duration::from_secs(1)))?;
     let info = dev.info().clone();
     let fmt = FormatOptions::default();
     nvmq_log::mkfs::format(&mut *dev, &fmt).context("formatting the bench device")?;
@@ -132,48 +213,43 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // buffers (2 x writes in flight + 2, each a maximum batch).
     let memory_cap = (queue.max(max_producers) * (max_record + 64)) as u64
         + (2 * cfg.max_writes_in_flight as u64 + 2) * u64::from(fmt.max_batch);
-    if !args.json {
-        println!(
-            "device {} ({}), write unit {} B, volatile write cache: {}, flush mode {}",
-            args.device,
-            info.identity,
-            info.write_unit(),
-            info.volatile_write_cache,
-            args.flush
-        );
-        println!(
-            "device alone (1 writer, 4 KiB write + flush): write p50 {:.0} us, flush p50 {:.0} us, flush p99 {:.0} us, {:.0} write+flush/s",
-            baseline.write_p50_us, baseline.flush_p50_us, baseline.flush_p99_us, baseline.write_flush_per_s
-        );
-        println!(
-            "memory cap with {max_producers} producers: {:.1} MiB",
-            memory_cap as f64 / (1 << 20) as f64
-        );
-        println!(
-            "{:>9} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>8}",
-            "producers",
-            "bytes",
-            "acks/s",
-            "p50 us",
-            "p99 us",
-            "p999 us",
-            "max us",
-            "flushes/s",
-            "rec/flush",
-            "WA",
-            "x single"
-        );
+    let human = !args.json;
+    if human {
+        pb.suspend(|| {
+            println!(
+                "device {text} ({}), write unit {} B, volatile write cache: {}, flush mode {flush_name}",
+                info.identity,
+                info.write_unit(),
+                info.volatile_write_cache,
+            );
+            println!(
+                "device alone (1 writer, 4 KiB write + flush): write p50 {:.0} us, flush p50 {:.0} us, flush p99 {:.0} us, {:.0} write+flush/s",
+                baseline.write_p50_us, baseline.flush_p50_us, baseline.flush_p99_us, baseline.write_flush_per_s
+            );
+            println!(
+                "memory cap with {max_producers} producers: {:.1} MiB",
+                memory_cap as f64 / (1 << 20) as f64
+            );
+            println!(
+                "{:>9} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>8}",
+                "producers", "bytes", "acks/s", "p50 us", "p99 us", "p999 us", "max us",
+                "flushes/s", "rec/flush", "WA", "x single"
+            );
+        });
     }
     let mut scenarios = Vec::new();
     for &size in &args.record_size {
         for &p in &args.producers {
-            let s = scenario(&log, &partitions, p, size, duration, &baseline)?;
-            if !args.json {
-                println!(
-                    "{:>9} {:>7} {:>11.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>9.1} {:>6.2} {:>8.1}",
-                    s.producers, s.record_size, s.acks_per_s, s.p50_us, s.p99_us, s.p999_us, s.max_us,
-                    s.flushes_per_s, s.records_per_flush, s.write_amplification, s.vs_single_writer
-                );
+            let s = scenario(&log, &partitions, p, size, args.duration, &baseline)?;
+            pb.inc(1);
+            if human {
+                pb.suspend(|| {
+                    println!(
+                        "{:>9} {:>7} {:>11.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>9.1} {:>6.2} {:>8.1}",
+                        s.producers, s.record_size, s.acks_per_s, s.p50_us, s.p99_us, s.p999_us, s.max_us,
+                        s.flushes_per_s, s.records_per_flush, s.write_amplification, s.vs_single_writer
+                    )
+                });
             }
             scenarios.push(s);
         }
@@ -182,24 +258,93 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("the writer stopped: {f}");
     }
     log.shutdown();
-    if args.json {
-        let report = Report {
-            device: args.device.clone(),
-            identity: info.identity.clone(),
-            volatile_write_cache: info.volatile_write_cache,
-            write_unit: info.write_unit(),
-            flush_mode: args.flush.clone(),
-            baseline,
-            memory_cap_bytes: memory_cap,
-            scenarios,
-        };
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(Run {
+        device: text.to_string(),
+        identity: info.identity.clone(),
+        volatile_write_cache: info.volatile_write_cache,
+        write_unit: info.write_unit(),
+        flush_mode: flush_name.to_string(),
+        baseline,
+        memory_cap_bytes: memory_cap,
+        scenarios,
+    })
+}
+
+/// throughput.svg: acks/s and p99 against producers, one line per device, flush mode and record
+/// size; latency-histogram.svg: the ack latency distribution of every scenario of the first run.
+fn write_plots(report: &Report, dir: &Path) -> Result<()> {
+    let mut tput = Vec::new();
+    let mut p99 = Vec::new();
+    for r in &report.runs {
+        let mut sizes: Vec<usize> = r.scenarios.iter().map(|s| s.record_size).collect();
+        sizes.dedup();
+        for size in sizes {
+            let of = |f: fn(&Scenario) -> f64| -> Vec<(f64, f64)> {
+                r.scenarios
+                    .iter()
+                    .filter(|s| s.record_size == size)
+                    .map(|s| (s.producers as f64, f(s)))
+                    .collect()
+            };
+            let name = format!("{} flush={} {} B", r.device, r.flush_mode, size);
+            tput.push(plot::Series {
+                name: name.clone(),
+                points: of(|s| s.acks_per_s),
+            });
+            p99.push(plot::Series {
+                name,
+                points: of(|s| s.p99_us),
+            });
+        }
     }
+    let doc = plot::svg(&[
+        plot::Panel {
+            title: "throughput",
+            x_label: "producers",
+            y_label: "acks/s",
+            series: &tput,
+        },
+        plot::Panel {
+            title: "ack latency p99",
+            x_label: "producers",
+            y_label: "p99 (us)",
+            series: &p99,
+        },
+    ]);
+    let path = dir.join("throughput.svg");
+    std::fs::write(&path, doc).with_context(|| format!("writing {}", path.display()))?;
+    let hist: Vec<plot::Series> = report
+        .runs
+        .iter()
+        .take(1)
+        .flat_map(|r| {
+            r.scenarios.iter().map(move |s| plot::Series {
+                name: format!(
+                    "{} flush={} {} producers {} B",
+                    r.device, r.flush_mode, s.producers, s.record_size
+                ),
+                points: s
+                    .latency_histogram
+                    .iter()
+                    .map(|b| (b.le_us, b.count as f64))
+                    .collect(),
+            })
+        })
+        .collect();
+    let doc = plot::svg(&[plot::Panel {
+        title: "ack latency histogram",
+        x_label: "ack latency (us, bucket upper bound)",
+        y_label: "acks",
+        series: &hist,
+    }]);
+    let path = dir.join("latency-histogram.svg");
+    std::fs::write(&path, doc).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 
-/// The device alone: one writer doing 4 KiB write + flush in a loop, for about a second.
-fn measure_baseline(dev: &mut dyn BlockDevice) -> Result<DeviceBaseline> {
+/// The device alone: one writer doing 4 KiB write + flush in a loop, for `run_for` (at most
+/// 2000 cycles).
+fn measure_baseline(dev: &mut dyn BlockDevice, run_for: Duration) -> Result<DeviceBaseline> {
     let mut w = Histogram::<u64>::new(3)?;
     let mut f = Histogram::<u64>::new(3)?;
     let unit = dev.info().write_unit() as usize;
@@ -207,7 +352,7 @@ fn measure_baseline(dev: &mut dyn BlockDevice) -> Result<DeviceBaseline> {
     let lba = LOG_START / u64::from(dev.info().logical_block_size);
     let start = Instant::now();
     let mut n = 0u64;
-    while start.elapsed() < Duration::from_secs(1) && n < 2000 {
+    while (n == 0 || start.elapsed() < run_for) && n < 2000 {
         let Some(mut b) = buf.take() else { break };
         b.fill((n & 0xff) as u8);
         let t = Instant::now();
@@ -278,6 +423,8 @@ fn scenario(
         send(p, &ready_tx, &failed)?;
     }
     let warmup = duration / 5;
+    // Producers whose last record has not come back since the stop.
+    let outstanding = AtomicUsize::new(producers);
     let (hists, mid, end) = std::thread::scope(|s| {
         let mut handles = Vec::new();
         for _ in 0..drivers {
@@ -286,9 +433,26 @@ fn scenario(
             let stop = stop.clone();
             let failed = failed.clone();
             let send = &send;
+            let outstanding = &outstanding;
             handles.push(s.spawn(move || {
                 let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).ok();
-                while let Ok((p, t)) = rx.recv_timeout(Duration::from_secs(5)) {
+                let mut last = Instant::now();
+                loop {
+                    let (p, t) = match rx.recv_timeout(Duration::from_millis(20)) {
+                        Ok(m) => m,
+                        Err(RecvTimeoutError::Timeout) => {
+                            // Done once every producer's last record came back; a writer silent
+                            // for 5 s is not coming back.
+                            let drained = stop.load(Ordering::Relaxed)
+                                && outstanding.load(Ordering::Relaxed) == 0;
+                            if drained || last.elapsed() > Duration::from_secs(5) {
+                                break;
+                            }
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    };
+                    last = Instant::now();
                     if p == usize::MAX {
                         break;
                     }
@@ -299,6 +463,7 @@ fn scenario(
                         }
                     }
                     if stop.load(Ordering::Relaxed) {
+                        outstanding.fetch_sub(1, Ordering::Relaxed);
                         continue;
                     }
                     if send(p, &tx, &failed).is_err() {
@@ -347,5 +512,17 @@ fn scenario(
         records_per_flush: acks as f64 / flushes as f64,
         write_amplification: device_bytes as f64 / payload_bytes as f64,
         vs_single_writer: (acks as f64 / secs) * single,
+        latency_histogram: buckets(&hist),
     })
+}
+
+/// Buckets from 1 µs growing by a quarter, empty ones left out.
+fn buckets(h: &Histogram<u64>) -> Vec<Bucket> {
+    h.iter_log(1000, 1.25)
+        .filter(|v| v.count_since_last_iteration() > 0)
+        .map(|v| Bucket {
+            le_us: v.value_iterated_to() as f64 / 1e3,
+            count: v.count_since_last_iteration(),
+        })
+        .collect()
 }

@@ -72,6 +72,15 @@ impl std::str::FromStr for DeviceSpec {
 }
 
 impl DeviceSpec {
+    /// The backend's name, for reports.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            DeviceSpec::Sim(_) => "sim",
+            DeviceSpec::File(_) => "file",
+            DeviceSpec::Nvme { .. } => "nvme",
+        }
+    }
+
     /// Opens the device; a file is created (zero-filled, `size` bytes) when `create` is set and it
     /// does not exist, with `init` run on it before it is renamed into place.
     pub fn open(

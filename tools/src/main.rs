@@ -1,37 +1,122 @@
 //! The `nvmq` command.
 
 mod bench;
+mod bench_recovery;
+mod check_storage;
+mod config;
+mod describe;
 mod devspec;
+mod examined;
+mod inspect;
+mod logging;
+#[allow(dead_code)] // Used by `nvmq serve` (another branch); tested here.
+mod metrics;
+mod mkfs;
+mod plot;
+mod progress;
+mod readonly;
+mod verify;
 
-use anyhow::Result;
-use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// nvmq: a durable message broker that acknowledges only what is on stable storage.
+///
+/// Devices are named `file:<path>` (a regular file or a block device node) or
+/// `sim[:key=value,...]` (an in-memory simulated device for trying things out).
 #[derive(Parser, Debug)]
-#[command(name = "nvmq", version, about)]
+#[command(name = "nvmq", version)]
+#[command(
+    after_help = "Exit status: 0 success; 1 error (bad input, device refused); 2 usage error; \
+3 damage found (inspect, verify); 4 storage judged broken (check-storage).\n\
+Run `nvmq <command> --help` for each command's flags and examples."
+)]
 struct Cli {
+    /// A TOML file whose keys mirror the flags: global flags at the top, then a [command] table
+    /// per command (e.g. [verify] device = "file:/data/log.img"). Flags on the command line win.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
+    /// Log line format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: logging::LogFormat,
+    /// Log filter: error, warn, info, debug, trace, or directives like `info,nvmq_log=debug`
+    /// (the NVMQ_LOG or RUST_LOG environment variable wins when set).
+    #[arg(long, global = true, default_value = "warn")]
+    log_level: String,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Measure group commit: closed-loop producers against a device; prints acks/s, ack latency
-    /// percentiles, flushes/s, records per flush and write amplification, next to the device's own
-    /// write+flush latency measured in the same run.
+    /// Write a new, empty log onto a device (refuses a device holding a log unless --force).
+    Format(mkfs::FormatArgs),
+    /// Show a log's superblocks, positions, partitions and space, without writing anything.
+    Inspect(inspect::InspectArgs),
+    /// Check every retained batch and record against its checksums, without writing anything;
+    /// exits 3 on damage inside acknowledged data.
+    Verify(verify::VerifyArgs),
+    /// Measure write+flush latency before trusting a disk with ack-after-flush; gives a verdict
+    /// and exits 4 if the storage is too slow (or too suspicious) to use.
+    CheckStorage(check_storage::CheckStorageArgs),
+    /// Measure group commit: closed-loop producers against devices; acks/s, ack latency
+    /// percentiles, flushes/s, records per flush and write amplification, with SVG plots.
     Bench(bench::BenchArgs),
+    /// Measure recovery after a crash at full load: fill a file device's log with producers, kill
+    /// the process mid-load, reopen; prints the open time and bytes scanned, and when the index
+    /// below the recovery point (rebuilt in the background) is ready.
+    BenchRecovery(bench_recovery::BenchRecoveryArgs),
 }
 
-fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
-    match cli.command {
+/// How a command that ran to the end judged what it saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    /// Damage found inside acknowledged data (or both superblocks).
+    Damage,
+    /// Storage judged unfit (check-storage).
+    Broken,
+}
+
+impl Status {
+    fn code(self) -> u8 {
+        match self {
+            Status::Ok => 0,
+            Status::Damage => 3,
+            Status::Broken => 4,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let argv = match config::merge(argv, &Cli::command()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(1);
+        }
+    };
+    let cli = Cli::parse_from(argv);
+    if let Err(e) = logging::init(cli.log_format, &cli.log_level) {
+        eprintln!("error: {e:#}");
+        return ExitCode::from(1);
+    }
+    let result = match cli.command {
+        Command::Format(a) => mkfs::run(a),
+        Command::Inspect(a) => inspect::run(a),
+        Command::Verify(a) => verify::run(a),
+        Command::CheckStorage(a) => check_storage::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::BenchRecovery(a) => bench_recovery::run(a).map(|()| Status::Ok),
+    };
+    match result {
+        Ok(s) => ExitCode::from(s.code()),
+        Err(e) => {
+            tracing::debug!(error = ?e, "command failed");
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
     }
 }

@@ -351,19 +351,7 @@ impl State {
                     self.stats.flush_errors += 1;
                     // An earlier-submitted flush that will succeed still vouches for what it
                     // covers (storage.md §1): only the writes beyond it are lost with this one.
-                    let vouched = self
-                        .inflight
-                        .range(..id)
-                        .filter_map(|(_, q)| match q.work {
-                            Work::Flush {
-                                covers: c,
-                                fails: false,
-                                ..
-                            } => Some(c),
-                            _ => None,
-                        })
-                        .max()
-                        .unwrap_or(0);
+                    let vouched = self.vouched_before(id);
                     self.doom_range(vouched, covers);
                     Err(DeviceError::Io {
                         op,
@@ -374,20 +362,22 @@ impl State {
                 } else {
                     // A failing flush submitted earlier and still running means the device lost
                     // that flush's data; this flush "succeeds" without it (storage.md §6).
-                    let lost_below = self
+                    let lost = self
                         .inflight
                         .range(..id)
-                        .filter_map(|(_, q)| match q.work {
+                        .filter_map(|(&fid, q)| match q.work {
                             Work::Flush {
                                 covers: c,
                                 fails: true,
                                 ..
-                            } => Some(c),
+                            } => Some((fid, c)),
                             _ => None,
                         })
-                        .max();
-                    if let Some(c) = lost_below {
-                        self.doom_below(c);
+                        .max_by_key(|&(_, c)| c);
+                    if let Some((failing, c)) = lost {
+                        // ...but never what a still earlier flush that succeeds vouches for.
+                        let vouched = self.vouched_before(failing);
+                        self.doom_range(vouched, c);
                     }
                     self.make_durable(covers);
                     Ok(())
@@ -448,8 +438,21 @@ impl State {
         }
     }
 
-    fn doom_below(&mut self, covers: u64) {
-        self.doom_range(0, covers);
+    /// The most that flushes submitted before flush `id`, still running and bound to succeed,
+    /// cover: a failure after them cannot take that back.
+    fn vouched_before(&self, id: u64) -> u64 {
+        self.inflight
+            .range(..id)
+            .filter_map(|(_, q)| match q.work {
+                Work::Flush {
+                    covers: c,
+                    fails: false,
+                    ..
+                } => Some(c),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     fn doom_range(&mut self, from: u64, covers: u64) {

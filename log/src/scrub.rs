@@ -1,0 +1,162 @@
+//! The background scrub (storage.md §4.5): re-reads the retained log at a capped rate, checking
+//! every batch and record, so that damage to acknowledged data is found before a reader (or a
+//! recovery) runs into it. It reads through the writer like any reader and reports like one:
+//! the damage goes into the shared state (and the log), the writer keeps going.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::batch::check_batch;
+use crate::format::BatchHeader;
+use crate::layout::Geometry;
+use crate::shared::Shared;
+use crate::LogError;
+
+/// What the scrub found so far.
+#[derive(Debug, Clone, Default)]
+pub struct ScrubState {
+    /// Complete passes over the retained log.
+    pub passes: u64,
+    pub bytes_checked: u64,
+    /// Each damaged batch found, once: (log position, what was wrong), oldest first (at most 64).
+    pub damage: Vec<(u64, String)>,
+}
+
+const MAX_DAMAGE_KEPT: usize = 64;
+
+/// Runs scrub passes until `cancel` is set. `read` fetches raw log bytes through the writer.
+pub(crate) fn run(
+    geo: Geometry,
+    shared: Arc<Shared>,
+    rate: u64,
+    cancel: Arc<AtomicBool>,
+    mut read: impl FnMut(u64, u64) -> Result<Vec<u8>, LogError>,
+) {
+    let u = geo.write_unit;
+    let started = Instant::now();
+    let mut budget_used = 0u64;
+    let mut pos: Option<u64> = None;
+    // After a bad header, batches are found again one write unit at a time; one report suffices.
+    let mut resyncing = false;
+    while !cancel.load(Ordering::Relaxed) {
+        let (head, durable, ready) = {
+            let s = shared.lock();
+            (s.head, s.durable, !s.backfill_pending && s.fatal.is_none())
+        };
+        if !ready {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        let at = match pos {
+            Some(p) if p >= head => p,
+            _ => head,
+        };
+        if at >= durable {
+            // A pass is done (or the log is empty): start over after a rest.
+            if pos.is_some() {
+                shared.lock().scrub.passes += 1;
+                shared.notify();
+            }
+            pos = None;
+            sleep_checking(&cancel, Duration::from_secs(1));
+            continue;
+        }
+        let step = match check_one(&geo, at, durable, &mut read) {
+            Ok(len) => {
+                resyncing = false;
+                len
+            }
+            Err(Checked::Freed) => {
+                pos = None;
+                continue;
+            }
+            Err(Checked::Stopped) => return,
+            Err(Checked::Damage { what, skip }) => {
+                // Retention may have freed (and the writer reused) it while we read.
+                if at < shared.lock().head {
+                    pos = None;
+                    continue;
+                }
+                let mut s = shared.lock();
+                let known = s.scrub.damage.iter().any(|d| d.0 == at);
+                if !resyncing && !known {
+                    tracing::error!(position = at, %what, "scrub: damage in acknowledged data");
+                    if s.scrub.damage.len() < MAX_DAMAGE_KEPT {
+                        s.scrub.damage.push((at, what));
+                    }
+                    drop(s);
+                    shared.notify();
+                }
+                // Without a valid header the next batch cannot be found from here: go on one
+                // write unit at a time until headers resynchronise.
+                resyncing = skip.is_none();
+                skip.unwrap_or(u)
+            }
+        };
+        shared.lock().scrub.bytes_checked += step;
+        pos = Some(at + step);
+        // Cap the rate: sleep until the bytes read fit the budget.
+        budget_used += step;
+        let due = Duration::from_secs_f64(budget_used as f64 / rate as f64);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            sleep_checking(&cancel, wait);
+        }
+    }
+}
+
+enum Checked {
+    Freed,
+    Stopped,
+    /// `skip`: the damaged batch's length when its header was valid.
+    Damage {
+        what: String,
+        skip: Option<u64>,
+    },
+}
+
+fn damage(what: String, skip: Option<u64>) -> Checked {
+    Checked::Damage { what, skip }
+}
+
+/// Checks the batch at `at`; returns its length.
+fn check_one(
+    geo: &Geometry,
+    at: u64,
+    durable: u64,
+    read: &mut impl FnMut(u64, u64) -> Result<Vec<u8>, LogError>,
+) -> Result<u64, Checked> {
+    let u = geo.write_unit;
+    let fetch =
+        |read: &mut dyn FnMut(u64, u64) -> Result<Vec<u8>, LogError>, len| match read(at, len) {
+            Ok(b) => Ok(b),
+            Err(LogError::OffsetOutOfRange { .. }) => Err(Checked::Freed),
+            Err(LogError::Shutdown) | Err(LogError::WriterStopped(_)) => Err(Checked::Stopped),
+            Err(e) => Err(damage(format!("read failed: {e}"), None)),
+        };
+    let first = fetch(read, u)?;
+    let (h, _) = BatchHeader::decode(&first, geo.format_id, at, u as u32)
+        .map_err(|f| damage(format!("batch header: {f:?}"), None))?;
+    let len = u64::from(h.length);
+    if len == 0 || at + len > durable {
+        return Err(damage(
+            format!("batch length {len} runs past the durable point {durable}"),
+            None,
+        ));
+    }
+    let bytes = if len > u { fetch(read, len)? } else { first };
+    check_batch(&bytes, geo.format_id, at, u as u32, |_| {})
+        .map_err(|f| damage(f.to_string(), Some(len)))?;
+    Ok(len)
+}
+
+fn sleep_checking(cancel: &AtomicBool, total: Duration) {
+    let end = Instant::now() + total;
+    while !cancel.load(Ordering::Relaxed) {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}

@@ -1,0 +1,538 @@
+//! Prometheus metrics: the log's own counters (`WriterStats`), space, the fatal-error state and
+//! the last recovery, plus histograms the broker observes (append-to-ack latency), rendered in the
+//! text exposition format and served on `/metrics` by a tiny HTTP server on its own thread.
+//!
+//! `nvmq serve --metrics-addr <addr>` wires it up:
+//!
+//! ```ignore
+//! let metrics = Arc::new(Metrics::new());
+//! metrics.attach_log(log.shared().clone(), log.geometry());
+//! metrics.set_recovery(&report);
+//! let _server = MetricsServer::start(addr, metrics.clone())?;
+//! // for every acknowledged append:
+//! metrics.ack_latency.observe_duration(started.elapsed());
+//! ```
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nvmq_log::layout::Geometry;
+use nvmq_log::shared::POW2_BUCKETS;
+use nvmq_log::{Pow2Histogram, Shared};
+use recovery::RecoveryReport;
+
+/// A histogram with fixed upper bounds, observed from any thread without a lock.
+pub struct Histogram {
+    bounds: Vec<f64>,
+    /// One per bound plus +Inf; not cumulative (rendering makes them so).
+    counts: Vec<AtomicU64>,
+    count: AtomicU64,
+    sum_bits: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &[f64]) -> Histogram {
+        Histogram {
+            bounds: bounds.to_vec(),
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_bits: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    /// Latency buckets from 50 µs to 10 s, in seconds.
+    pub fn latency() -> Histogram {
+        Histogram::new(&[
+            50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3,
+            500e-3, 1.0, 2.5, 5.0, 10.0,
+        ])
+    }
+
+    pub fn observe(&self, v: f64) {
+        let i = self.bounds.partition_point(|b| *b < v);
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let _ = self
+            .sum_bits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some((f64::from_bits(b) + v).to_bits())
+            });
+    }
+
+    pub fn observe_duration(&self, d: Duration) {
+        self.observe(d.as_secs_f64());
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0u64;
+        for (i, c) in self.counts.iter().enumerate() {
+            cumulative += c.load(Ordering::Relaxed);
+            let le = self
+                .bounds
+                .get(i)
+                .map_or("+Inf".to_string(), |b| b.to_string());
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+        }
+        let sum = f64::from_bits(self.sum_bits.load(Ordering::Relaxed));
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {cumulative}");
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RecoveryFigures {
+    seconds: f64,
+    scanned_bytes: u64,
+    indexed_bytes: u64,
+}
+
+/// Everything `/metrics` shows.
+pub struct Metrics {
+    /// Append to ack, as the broker sees it.
+    pub ack_latency: Histogram,
+    log: Mutex<Option<(Arc<Shared>, Geometry)>>,
+    recovery: Mutex<Option<RecoveryFigures>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        Metrics {
+            ack_latency: Histogram::latency(),
+            log: Mutex::new(None),
+            recovery: Mutex::new(None),
+        }
+    }
+
+    /// The running log whose writer figures, space and fatal state are shown.
+    pub fn attach_log(&self, shared: Arc<Shared>, geometry: Geometry) {
+        *lock(&self.log) = Some((shared, geometry));
+    }
+
+    pub fn set_recovery(&self, r: &RecoveryReport) {
+        *lock(&self.recovery) = Some(RecoveryFigures {
+            seconds: (r.duration + r.index_duration).as_secs_f64(),
+            scanned_bytes: r.scanned_bytes,
+            indexed_bytes: r.indexed_bytes,
+        });
+    }
+
+    /// The text exposition format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.ack_latency.render(
+            &mut out,
+            "nvmq_append_ack_latency_seconds",
+            "Time from append to acknowledgement (after the covering flush).",
+        );
+        let log = lock(&self.log).clone();
+        if let Some((shared, geo)) = log {
+            let (stats, durable, head, fatal) = {
+                let s = shared.lock();
+                (s.stats, s.durable, s.head, s.fatal.clone())
+            };
+            let counters: [(&str, &str, u64); 9] = [
+                (
+                    "nvmq_appends_acked_total",
+                    "Appends acknowledged.",
+                    stats.appends_acked,
+                ),
+                (
+                    "nvmq_payload_bytes_acked_total",
+                    "Payload bytes acknowledged.",
+                    stats.payload_bytes_acked,
+                ),
+                (
+                    "nvmq_batches_written_total",
+                    "Batches written (one group commit each).",
+                    stats.batches_written,
+                ),
+                (
+                    "nvmq_device_bytes_written_total",
+                    "Bytes written to the device for batches (headers and padding included).",
+                    stats.device_bytes_written,
+                ),
+                (
+                    "nvmq_flushes_total",
+                    "Device flushes submitted.",
+                    stats.flushes,
+                ),
+                (
+                    "nvmq_superblock_writes_total",
+                    "Superblock copies written.",
+                    stats.superblock_writes,
+                ),
+                (
+                    "nvmq_checkpoints_total",
+                    "Checkpoint batches written.",
+                    stats.checkpoints,
+                ),
+                ("nvmq_reads_total", "Log reads served.", stats.reads),
+                (
+                    "nvmq_corrupt_reads_total",
+                    "Reads refused because a record failed its checks.",
+                    stats.corrupt_reads,
+                ),
+            ];
+            for (name, help, v) in counters {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+                );
+            }
+            // Whole microseconds below 2^i are below 2^i µs.
+            render_pow2(
+                &mut out,
+                "nvmq_flush_latency_seconds",
+                "Device flush latency, submission to completion.",
+                &stats.flush_latency_us,
+                |b| b as f64 / 1e6,
+                1e-6,
+            );
+            // Whole counts below 2^i are at most 2^i - 1.
+            render_pow2(
+                &mut out,
+                "nvmq_records_per_flush",
+                "Appends acknowledged each time the durable position moved (per flush in the default mode).",
+                &stats.records_per_flush,
+                |b| (b - 1) as f64,
+                1.0,
+            );
+            let per_flush = ratio(stats.appends_acked, stats.flushes);
+            let wa = ratio(stats.device_bytes_written, stats.payload_bytes_acked);
+            let used = durable.saturating_sub(head);
+            let gauges: [(&str, &str, f64); 5] = [
+                (
+                    "nvmq_records_per_flush_mean",
+                    "Appends acknowledged per flush submitted, since start.",
+                    per_flush,
+                ),
+                (
+                    "nvmq_write_amplification",
+                    "Device bytes written per payload byte acknowledged, since start.",
+                    wa,
+                ),
+                (
+                    "nvmq_log_used_bytes",
+                    "Retained log bytes (head to durable position).",
+                    used as f64,
+                ),
+                (
+                    "nvmq_log_free_bytes",
+                    "Log bytes not retained.",
+                    geo.log_size.saturating_sub(used) as f64,
+                ),
+                (
+                    "nvmq_durable_position_bytes",
+                    "The durable position D.",
+                    durable as f64,
+                ),
+            ];
+            for (name, help, v) in gauges {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+            }
+            let _ = writeln!(
+                out,
+                "# HELP nvmq_writer_fatal 1 once the writer stopped after a device error (nothing more is acknowledged).\n# TYPE nvmq_writer_fatal gauge"
+            );
+            match fatal {
+                Some(reason) => {
+                    let _ = writeln!(out, "nvmq_writer_fatal{{reason=\"{}\"}} 1", escape(&reason));
+                }
+                None => {
+                    let _ = writeln!(out, "nvmq_writer_fatal 0");
+                }
+            }
+        }
+        if let Some(r) = *lock(&self.recovery) {
+            let gauges: [(&str, &str, f64); 3] = [
+                (
+                    "nvmq_recovery_duration_seconds",
+                    "How long the last recovery took (scan and index rebuild).",
+                    r.seconds,
+                ),
+                (
+                    "nvmq_recovery_scanned_bytes",
+                    "Bytes the last recovery scanned from the recovery point.",
+                    r.scanned_bytes as f64,
+                ),
+                (
+                    "nvmq_recovery_indexed_bytes",
+                    "Bytes the last recovery read to rebuild the index.",
+                    r.indexed_bytes as f64,
+                ),
+            ];
+            for (name, help, v) in gauges {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+            }
+        }
+        out
+    }
+}
+
+/// A writer histogram; `le` maps a bucket's exclusive bound to the exposed inclusive bound.
+fn render_pow2(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    h: &Pow2Histogram,
+    le: fn(u64) -> f64,
+    scale: f64,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    let mut cumulative = 0u64;
+    for i in 0..POW2_BUCKETS - 1 {
+        cumulative += h.buckets[i];
+        let bound = le(Pow2Histogram::bucket_bound(i));
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum {}", h.sum as f64 * scale);
+    let _ = writeln!(out, "{name}_count {}", h.count);
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Serves `GET /metrics` on its own thread until dropped.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Longest request head read; scrapers send a few hundred bytes.
+const MAX_REQUEST: usize = 8192;
+
+impl MetricsServer {
+    /// Binds `addr` (e.g. `127.0.0.1:9464`, port 0 for any) and starts serving.
+    pub fn start(
+        addr: impl ToSocketAddrs,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<MetricsServer> {
+        let listener = TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("nvmq-metrics".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if flag.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    match conn {
+                        Ok(s) => {
+                            if let Err(e) = answer(s, &metrics) {
+                                tracing::debug!(error = %e, "metrics request failed");
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "metrics accept failed"),
+                    }
+                }
+            })?;
+        Ok(MetricsServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wakes the accept loop so it sees the flag.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn answer(mut s: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    let mut first = text.lines().next().unwrap_or("").split_whitespace();
+    let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let (status, ctype, body) = match (method, path) {
+        ("GET", "/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            metrics.render(),
+        ),
+        ("GET", _) => (
+            "404 Not Found",
+            "text/plain",
+            "only /metrics is served\n".into(),
+        ),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET is served\n".into(),
+        ),
+    };
+    write!(
+        s,
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    s.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blockdev::sim::{SimConfig, SimDevice};
+    use nvmq_log::{FormatOptions, Log, LogConfig};
+    use std::time::Instant;
+
+    fn scrape(addr: SocketAddr, path: &str) -> (String, String) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+        (head.to_string(), body.to_string())
+    }
+
+    fn value(body: &str, series: &str) -> f64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {series} in:\n{body}"))
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_scrape_over_tcp_shows_the_writer_space_recovery_and_fatal_state() {
+        let (mut dev, handle) = SimDevice::new(SimConfig::new(11, 64 << 20));
+        let fmt = FormatOptions {
+            window: 4 << 20,
+            max_batch: 256 << 10,
+            ..FormatOptions::default()
+        };
+        nvmq_log::mkfs::format(&mut dev, &fmt).unwrap();
+        let (w, report) = recovery::open(dev, LogConfig::default()).unwrap();
+        let log = Log::start(w, 64);
+        let metrics = Arc::new(Metrics::new());
+        metrics.attach_log(log.shared().clone(), log.geometry());
+        metrics.set_recovery(&report);
+        let server = MetricsServer::start("127.0.0.1:0", metrics.clone()).unwrap();
+
+        let p = log.create_partition("m", 0).unwrap();
+        for i in 0..5 {
+            let t = Instant::now();
+            log.append_wait(p, vec![i as u8; 100]).unwrap();
+            metrics.ack_latency.observe_duration(t.elapsed());
+        }
+        let (head, body) = scrape(server.local_addr(), "/metrics");
+        assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+        assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+        // The partition create is an acknowledged append too.
+        assert_eq!(value(&body, "nvmq_appends_acked_total"), 6.0);
+        assert!(value(&body, "nvmq_payload_bytes_acked_total") >= 500.0);
+        assert_eq!(value(&body, "nvmq_append_ack_latency_seconds_count"), 5.0);
+        assert_eq!(
+            value(&body, "nvmq_append_ack_latency_seconds_bucket{le=\"+Inf\"}"),
+            5.0
+        );
+        let flushes = value(&body, "nvmq_flushes_total");
+        assert!(
+            flushes >= 6.0,
+            "one per append and the create at least: {flushes}"
+        );
+        assert!(value(&body, "nvmq_flush_latency_seconds_count") >= 6.0);
+        assert!(value(&body, "nvmq_write_amplification") > 1.0);
+        assert!(value(&body, "nvmq_records_per_flush_mean") > 0.0);
+        // One durable step per append_wait: six steps of one record each.
+        assert_eq!(value(&body, "nvmq_records_per_flush_count"), 6.0, "{body}");
+        assert_eq!(value(&body, "nvmq_records_per_flush_bucket{le=\"1\"}"), 6.0);
+        assert_eq!(value(&body, "nvmq_records_per_flush_sum"), 6.0);
+        let used = value(&body, "nvmq_log_used_bytes");
+        let free = value(&body, "nvmq_log_free_bytes");
+        assert!(used > 0.0);
+        assert_eq!(used + free, log.geometry().log_size as f64);
+        assert!(value(&body, "nvmq_recovery_scanned_bytes") > 0.0);
+        assert_eq!(value(&body, "nvmq_writer_fatal"), 0.0);
+        // Cumulative buckets never decrease.
+        let buckets: Vec<f64> = body
+            .lines()
+            .filter(|l| l.starts_with("nvmq_flush_latency_seconds_bucket"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+
+        let (head, _) = scrape(server.local_addr(), "/other");
+        assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+
+        handle.fail_next_flush();
+        assert!(log.append_wait(p, vec![1; 10]).is_err());
+        let (_, body) = scrape(server.local_addr(), "/metrics");
+        let line = body
+            .lines()
+            .find(|l| l.starts_with("nvmq_writer_fatal{"))
+            .unwrap_or_else(|| panic!("no fatal line:\n{body}"));
+        assert!(line.ends_with(" 1") && line.contains("flush"), "{line}");
+        drop(server);
+        log.shutdown();
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_with_sum_and_count() {
+        let h = Histogram::new(&[1.0, 2.0]);
+        h.observe(0.5);
+        h.observe(1.5);
+        h.observe(1.5);
+        h.observe(9.0);
+        let mut out = String::new();
+        h.render(&mut out, "x", "test");
+        assert!(out.contains("x_bucket{le=\"1\"} 1\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"2\"} 3\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 4\n"), "{out}");
+        assert!(out.contains("x_sum 12.5\n"), "{out}");
+        assert!(out.contains("x_count 4\n"), "{out}");
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

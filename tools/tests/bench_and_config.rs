@@ -1,0 +1,279 @@
+//! `nvmq bench`, the config file and the log format, run as a user runs them.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn bench_runs_every_scenario_and_writes_results_and_plots() {
+    let d = temp_dir("bench");
+    let out = d.join("results.json");
+    let plots = d.join("plots");
+    let r = nvmq(&[
+        "bench",
+        "--device",
+        "sim:flush=1ms,write=20us",
+        "--device",
+        &spec(&d.join("b.img")),
+        "--size",
+        "64M",
+        "--flush",
+        "always,never",
+        "--producers",
+        "1,8",
+        "--record-size",
+        "100",
+        "--duration",
+        "200ms",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+        "--plot",
+        plots.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{r}");
+    let v = r.json();
+    let from_file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(v, from_file, "--out holds what --json printed");
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "2 devices x 2 flush modes");
+    let modes: Vec<&str> = runs
+        .iter()
+        .map(|r| r["flush_mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes, ["always", "never", "always", "never"]);
+    for run in runs {
+        let sc = run["scenarios"].as_array().unwrap();
+        assert_eq!(sc.len(), 2);
+        for (s, producers) in sc.iter().zip([1, 8]) {
+            assert_eq!(s["producers"], producers);
+            assert!(s["acks"].as_u64().unwrap() > 0, "{s}");
+            assert!(s["p50_us"].as_f64().unwrap() <= s["p99_us"].as_f64().unwrap());
+            let hist = s["latency_histogram"].as_array().unwrap();
+            let counted: u64 = hist.iter().map(|b| b["count"].as_u64().unwrap()).sum();
+            assert!(counted > 0);
+        }
+    }
+    let tput = std::fs::read_to_string(plots.join("throughput.svg")).unwrap();
+    assert!(tput.starts_with("<svg") && tput.contains("acks/s") && tput.contains("p99"));
+    assert_eq!(
+        tput.matches("<polyline").count(),
+        8,
+        "4 runs x (acks/s, p99)"
+    );
+    let hist = std::fs::read_to_string(plots.join("latency-histogram.svg")).unwrap();
+    assert_eq!(
+        hist.matches("<polyline").count(),
+        2,
+        "the first run's scenarios"
+    );
+}
+
+#[test]
+fn bench_prints_a_table_by_default_and_refuses_bad_input() {
+    let r = nvmq(&[
+        "bench",
+        "--device",
+        "sim:flush=500us",
+        "--producers",
+        "4",
+        "--record-size",
+        "64",
+        "--duration",
+        "150ms",
+    ]);
+    assert_eq!(r.code, 0, "{r}");
+    assert!(
+        r.stdout.contains("producers")
+            && r.stdout.contains("acks/s")
+            && r.stdout.contains("flush mode always"),
+        "{r}"
+    );
+    let r = nvmq(&["bench", "--device", "sim", "--producers", "0"]);
+    assert_eq!(r.code, 1, "{r}");
+    assert!(r.stderr.contains("--producers"), "{r}");
+    let r = nvmq(&["bench", "--device", "sim", "--flush", "sometimes"]);
+    assert_eq!(r.code, 1, "{r}");
+    assert!(r.stderr.contains("sometimes"), "{r}");
+    let r = nvmq(&["bench", "--device", "sim", "--duration", "forever"]);
+    assert_eq!(r.code, 2, "{r}");
+    let d = temp_dir("bench-bad");
+    let p = formatted(&d);
+    let r = nvmq(&["bench", "--device", &spec(&p), "--duration", "100ms"]);
+    assert_eq!(r.code, 1, "{r}");
+    assert!(r.stderr.contains("--force"), "{r}");
+}
+
+#[test]
+fn config_file_supplies_flags_and_typed_flags_win() {
+    let d = temp_dir("config");
+    let img = d.join("c.img");
+    let cfg = d.join("nvmq.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "log_level = \"warn\"\n[format]\ndevice = \"{}\"\nsize = \"32M\"\njson = true\n[inspect]\ndevice = \"file:/nonexistent/x.img\"\n[check_storage]\nduration = \"100ms\"\n[bench]\ndevice = [\"sim:flush=1ms\", \"sim:flush=2ms\"]\nproducers = [1, 2]\nrecord_size = [64]\nduration = \"100ms\"\njson = true\n",
+            spec(&img)
+        ),
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    let r = nvmq(&["--config", c, "format"]);
+    assert_eq!(r.code, 0, "{r}");
+    assert_eq!(
+        r.json()["device"]["capacity"],
+        32u64 << 20,
+        "size and json came from the file"
+    );
+    // The file names a missing device for inspect; the typed flag wins.
+    let r = nvmq(&["--config", c, "inspect"]);
+    assert_eq!(r.code, 1, "{r}");
+    assert!(r.stderr.contains("/nonexistent/x.img"), "{r}");
+    let r = nvmq(&["inspect", "--config", c, "--device", &spec(&img)]);
+    assert_eq!(r.code, 0, "{r}");
+    // Lists: a repeatable flag takes each element, a comma-list flag takes them joined.
+    let r = nvmq(&["--config", c, "bench"]);
+    assert_eq!(r.code, 0, "{r}");
+    let runs: Vec<(String, Vec<u64>)> = r.json()["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|run| {
+            let producers = run["scenarios"].as_array().unwrap().iter();
+            (
+                run["device"].as_str().unwrap().to_string(),
+                producers
+                    .map(|s| s["producers"].as_u64().unwrap())
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("sim:flush=1ms".to_string(), vec![1, 2]),
+            ("sim:flush=2ms".to_string(), vec![1, 2])
+        ]
+    );
+    let r = nvmq(&[
+        "--config",
+        c,
+        "bench",
+        "--device",
+        "sim",
+        "--producers",
+        "3",
+    ]);
+    assert_eq!(r.code, 0, "{r}");
+    let v = r.json();
+    assert_eq!(
+        v["runs"].as_array().unwrap().len(),
+        1,
+        "typed --device replaces the file's list"
+    );
+    assert_eq!(v["runs"][0]["scenarios"][0]["producers"], 3);
+}
+
+#[test]
+fn config_errors_name_the_key_and_the_value() {
+    let d = temp_dir("config-bad");
+    let write = |name: &str, text: &str| {
+        let p = d.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let cases: [(&str, &str, &str, &[&str]); 5] = [
+        (
+            "typo.toml",
+            "[format]\nsise = \"1G\"\n",
+            "format",
+            &["unknown key `format.sise`", "size"],
+        ),
+        (
+            "bad.toml",
+            "[format]\nsize = \"12 parsecs\"\n",
+            "format",
+            &["`format.size`", "12 parsecs"],
+        ),
+        (
+            "section.toml",
+            "[formatt]\ndevice = \"sim\"\n",
+            "format",
+            &["unknown section [formatt]"],
+        ),
+        (
+            "switch.toml",
+            "[verify]\njson = \"yes\"\n",
+            "verify",
+            &["`verify.json`", "true or false"],
+        ),
+        ("syntax.toml", "[format\n", "format", &["syntax.toml"]),
+    ];
+    for (name, text, cmd, wants) in cases {
+        let file = write(name, text);
+        let r = nvmq(&["--config", &file, cmd, "--device", "sim"]);
+        assert_eq!(r.code, 1, "{name}: {r}");
+        for w in wants {
+            assert!(r.stderr.contains(w), "{name}: missing {w:?}: {r}");
+        }
+    }
+
+    let r = nvmq(&[
+        "--config",
+        d.join("missing.toml").to_str().unwrap(),
+        "format",
+        "--device",
+        "sim",
+    ]);
+    assert_eq!(r.code, 1, "{r}");
+    assert!(r.stderr.contains("missing.toml"), "{r}");
+}
+
+#[test]
+fn logs_go_to_stderr_as_json_lines_when_asked() {
+    let r = nvmq(&[
+        "--log-format",
+        "json",
+        "--log-level",
+        "info",
+        "check-storage",
+        "--device",
+        "sim:flush=100us",
+        "--duration",
+        "100ms",
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{r}");
+    let line = r
+        .stderr
+        .lines()
+        .find(|l| l.contains("storage checked"))
+        .unwrap_or_else(|| panic!("no log line: {r}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["level"], "INFO");
+    let report = r.json();
+    assert_eq!(
+        v["fields"]["verdict"], report["verdict"],
+        "the log line carries the verdict"
+    );
+    let text = nvmq(&[
+        "--log-level",
+        "info",
+        "check-storage",
+        "--device",
+        "sim:flush=100us",
+        "--duration",
+        "100ms",
+    ]);
+    assert!(
+        text.stderr.contains("INFO") && text.stderr.contains("storage checked"),
+        "{text}"
+    );
+    assert!(
+        serde_json::from_str::<serde_json::Value>(text.stderr.lines().next().unwrap_or(""))
+            .is_err()
+    );
+    let bad = nvmq(&["--log-format", "xml", "verify", "--device", "sim"]);
+    assert_eq!(bad.code, 2, "{bad}");
+}
