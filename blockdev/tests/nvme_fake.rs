@@ -807,3 +807,37 @@ fn random_run(seed: u64) {
     let back = dev.read_at(0, model.len()).unwrap();
     assert!(back == model, "read back differs from the model");
 }
+
+/// In the QEMU guest (clocksource HPET) every clock read is a `clock_gettime` system call, and
+/// `wait` read the clock once per call: about one system call per batch of I/Os. A wait that the
+/// controller answers at once must not read the clock at all; one that times out still does.
+#[test]
+fn waits_answered_at_once_read_no_clock() {
+    let (mut dev, h) = open_with(FakeConfig::default(), small_opts());
+    let before = h.stats().clock_reads;
+    let mut out = Vec::new();
+    for i in 0..200u64 {
+        let b = dev.alloc_buffer(4096).unwrap();
+        dev.submit_write(i, i, b).unwrap();
+        dev.submit_flush(1000 + i).unwrap();
+        out.clear();
+        while dev.in_flight() > 0 {
+            dev.wait(&mut out, Duration::from_secs(5)).unwrap();
+        }
+        assert_eq!(out.len(), 2);
+    }
+    assert_eq!(h.stats().clock_reads, before, "clock reads in 200 waits");
+
+    h.hold_completions();
+    let b = dev.alloc_buffer(4096).unwrap();
+    dev.submit_write(7, 7, b).unwrap();
+    let t = std::time::Instant::now();
+    out.clear();
+    assert_eq!(dev.wait(&mut out, Duration::from_millis(50)).unwrap(), 0);
+    assert!(
+        t.elapsed() >= Duration::from_millis(50),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(h.stats().clock_reads > before);
+}

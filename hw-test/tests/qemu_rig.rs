@@ -5,7 +5,6 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -14,35 +13,14 @@ use hw_test::qemu::{
     RigRun, Stage,
 };
 
-/// One guest at a time: the boot times printed stay meaningful on a 2-core machine.
-static ONE_GUEST: Mutex<()> = Mutex::new(());
+mod common;
+use common::ONE_GUEST;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_guest-probe");
 const DISK_BYTES: u64 = 64 << 20;
 
 fn boot(opts: RigOptions, cmds: &[GuestCmd]) -> RigRun {
-    let _guard = ONE_GUEST.lock().unwrap_or_else(|p| p.into_inner());
-    let rig = Rig::new(opts).unwrap_or_else(|e| panic!("QEMU rig cannot start: {e}"));
-    let run = rig
-        .run(cmds)
-        .unwrap_or_else(|e| panic!("QEMU rig run failed: {e}"));
-    // Straight to the stderr handle, past the test harness's capture, so CI logs show it.
-    let _ = writeln!(
-        std::io::stderr(),
-        "qemu-rig: guest init after {:.2?}, QEMU exited after {:.2?} ({} commands)",
-        run.boot_time,
-        run.total_time,
-        run.commands.len()
-    );
-    for (n, c) in run.commands.iter().enumerate() {
-        let _ = writeln!(
-            std::io::stderr(),
-            "qemu-rig: [{n}] {} -> exit {}",
-            c.label,
-            c.exit_code
-        );
-    }
-    run
+    common::boot("qemu-rig", opts, cmds, false)
 }
 
 /// The kernel driver's view of the namespace, checked against the configured block size.

@@ -104,6 +104,8 @@ pub struct FakeStats {
     pub mapped_bytes: u64,
     /// Set Features Number of Queues was seen before any I/O queue was created.
     pub queues_requested: bool,
+    /// Calls of [`Host::now`]: each one is a system call on a guest whose clocksource is HPET.
+    pub clock_reads: u64,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -730,6 +732,11 @@ fn as_bytes(c: &Cqe) -> [u8; 16] {
 impl Host for FakeHost {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn now(&self) -> std::time::Instant {
+        lock(&self.state).stats.clock_reads += 1;
+        std::time::Instant::now()
     }
 
     fn bar_len(&self) -> usize {

@@ -35,16 +35,23 @@ pub enum HostError {
     #[error(
         "{pci} is bound to {driver}, not vfio-pci; rebind it with \
          `hw-test/scripts/vfio-bind.sh {pci}` (or: echo vfio-pci > /sys/bus/pci/devices/{pci}/driver_override; \
-         echo {pci} > /sys/bus/pci/devices/{pci}/driver/unbind; echo {pci} > /sys/bus/pci/drivers_probe)"
+         {unbind}echo {pci} > /sys/bus/pci/drivers_probe)"
     )]
-    NotVfioBound { pci: String, driver: String },
+    NotVfioBound {
+        pci: String,
+        driver: String,
+        /// The unbind step of the fix, empty when no driver holds the device.
+        unbind: String,
+    },
+    #[error("{pci} is not an NVMe controller: its PCI class is {class:#08x} (NVMe is 0x010802)")]
+    NotNvme { pci: String, class: u32 },
     #[error("cannot open the VFIO container /dev/vfio/vfio: {0} (is the vfio-pci module loaded?)")]
     OpenContainer(io::Error),
     #[error("VFIO API version {got} is not the supported version 0")]
     ApiVersion { got: i32 },
     #[error("the VFIO container supports neither the type1 nor the type1v2 IOMMU")]
     NoType1,
-    #[error("cannot open the VFIO group {path}: {source} (run as root or chown the group file to the broker's user)")]
+    #[error("cannot open the VFIO group {path}: {source} ({})", group_open_hint(.source))]
     OpenGroup { path: String, source: io::Error },
     #[error("the IOMMU group {group} is not viable: every device in it must be bound to vfio-pci or to no driver; other devices: {others}")]
     GroupNotViable { group: u32, others: String },
@@ -102,6 +109,23 @@ pub enum HostError {
     },
 }
 
+/// What to do about a VFIO group that does not open, by the reason the kernel gave.
+pub fn group_open_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EBUSY) => {
+            "another process holds the group: only one process can own a VFIO group; stop the \
+             other broker or tool using this device (fuser -v /dev/vfio/*)"
+        }
+        Some(libc::ENOENT) => {
+            "the group file does not exist: bind the device to vfio-pci, which creates it"
+        }
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            "run as root or chown the group file to the broker's user"
+        }
+        _ => "check that vfio-pci owns every device of the group",
+    }
+}
+
 /// What the driver needs from the machine.
 ///
 /// Register access takes `&self` and never fails: an MMIO access cannot report an error (a
@@ -137,6 +161,13 @@ pub trait Host: Send {
     /// or until the host is dropped.
     unsafe fn dma_map(&mut self, vaddr: *mut u8, len: usize, iova: u64) -> Result<(), HostError>;
     fn dma_unmap(&mut self, iova: u64, len: usize) -> Result<(), HostError>;
+
+    /// The time, for the I/O path's timeouts. Where the clocksource has no vDSO path (HPET, as
+    /// in a QEMU/TCG guest and some VMs) every read is a `clock_gettime` system call, so the I/O
+    /// path reads it only once it has been waiting for a while.
+    fn now(&self) -> std::time::Instant {
+        std::time::Instant::now()
+    }
 }
 
 /// Anonymous memory for DMA: 2 MiB huge pages when the system has them (fewer IOTLB entries),

@@ -32,6 +32,17 @@ pub fn check(root: &Path, pci: &str) -> Result<PciFunction, HostError> {
             ),
         });
     }
+    // Class 01h/08h is non-volatile memory; anything else must not be handed to the driver (or
+    // rebound to vfio-pci on our advice).
+    let class = std::fs::read_to_string(dev.join("class"))
+        .ok()
+        .and_then(|c| u32::from_str_radix(c.trim().trim_start_matches("0x"), 16).ok());
+    if let Some(class) = class.filter(|c| c >> 8 != 0x0108) {
+        return Err(HostError::NotNvme {
+            pci: pci.into(),
+            class,
+        });
+    }
     let groups = root.join("kernel/iommu_groups");
     let any_group = std::fs::read_dir(&groups)
         .map(|mut d| d.next().is_some())
@@ -50,6 +61,10 @@ pub fn check(root: &Path, pci: &str) -> Result<PciFunction, HostError> {
     if driver.as_deref() != Some("vfio-pci") {
         return Err(HostError::NotVfioBound {
             pci: pci.into(),
+            unbind: match driver {
+                Some(_) => format!("echo {pci} > /sys/bus/pci/devices/{pci}/driver/unbind; "),
+                None => String::new(),
+            },
             driver: driver.map_or_else(|| "no driver".into(), |d| format!("the {d} driver")),
         });
     }
@@ -80,6 +95,7 @@ mod tests {
         let r = t.path();
         let dev = r.join("sys_devices").join(BDF);
         std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("class"), "0x010802\n").unwrap();
         std::fs::create_dir_all(r.join("bus/pci/devices")).unwrap();
         symlink(&dev, r.join("bus/pci/devices").join(BDF)).unwrap();
         std::fs::create_dir_all(r.join("kernel/iommu_groups")).unwrap();
@@ -125,9 +141,28 @@ mod tests {
         let e = check(t.path(), BDF).unwrap_err().to_string();
         assert!(e.contains("bound to the nvme driver"), "{e}");
         assert!(e.contains("vfio-bind.sh 0000:00:04.0"), "{e}");
+        assert!(e.contains("driver/unbind"), "{e}");
+        // Seen in the QEMU guest: with no driver there is no driver/unbind to write to.
         let t = tree(true, None, None);
         let e = check(t.path(), BDF).unwrap_err().to_string();
         assert!(e.contains("bound to no driver"), "{e}");
+        assert!(!e.contains("unbind"), "{e}");
+        assert!(e.contains("drivers_probe"), "{e}");
+    }
+
+    /// Seen in the QEMU guest: q35's LPC bridge (class 0x060100, no driver) was answered with
+    /// advice to bind it to vfio-pci.
+    #[test]
+    fn a_device_that_is_not_nvme_is_named_with_its_class() {
+        let t = tree(true, None, None);
+        let dev = t.path().join("sys_devices").join(BDF);
+        std::fs::write(dev.join("class"), "0x060100\n").unwrap();
+        let e = check(t.path(), BDF).unwrap_err().to_string();
+        assert!(
+            e.contains("0000:00:04.0 is not an NVMe controller") && e.contains("0x060100"),
+            "{e}"
+        );
+        assert!(!e.contains("vfio-bind"), "{e}");
     }
 
     #[test]

@@ -527,6 +527,25 @@ mod tests {
         assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3B72);
     }
 
+    /// Seen in the QEMU guest: a second process opening a group in use got EBUSY and was told to
+    /// run as root.
+    #[test]
+    fn a_group_that_does_not_open_gets_advice_for_its_errno() {
+        let open_err = |errno| {
+            HostError::OpenGroup {
+                path: "/dev/vfio/1".into(),
+                source: io::Error::from_raw_os_error(errno),
+            }
+            .to_string()
+        };
+        let busy = open_err(libc::EBUSY);
+        assert!(busy.contains("another process holds the group"), "{busy}");
+        assert!(!busy.contains("root"), "{busy}");
+        assert!(open_err(libc::EACCES).contains("run as root"));
+        assert!(open_err(libc::EPERM).contains("run as root"));
+        assert!(open_err(libc::ENOENT).contains("bind the device to vfio-pci"));
+    }
+
     #[test]
     fn a_group_that_is_not_viable_names_its_other_devices() {
         let peers = vec![

@@ -35,6 +35,10 @@ struct Args {
     /// Host binary to run in the guest; its arguments follow as --arg after it.
     #[arg(long = "host", value_name = "BINARY")]
     hosts: Vec<PathBuf>,
+    /// Extra host binary copied into the guest for every command; `{bin:<file name>}` in an
+    /// argument or script is its guest path (e.g. `--host /usr/bin/strace --host-arg={bin:nvme-check}`).
+    #[arg(long = "with-binary", value_name = "BINARY")]
+    with_binaries: Vec<PathBuf>,
     /// Shell command to run in the guest (after the host binaries).
     #[arg(long = "shell", value_name = "SCRIPT")]
     shells: Vec<String>,
@@ -123,6 +127,14 @@ fn main() -> Result<ExitCode> {
             .map(|h| GuestCmd::host(h.clone(), a.host_args.clone())),
     );
     cmds.extend(a.shells.iter().map(|s| GuestCmd::shell(s.clone())));
+    let cmds: Vec<GuestCmd> = cmds
+        .into_iter()
+        .map(|c| {
+            a.with_binaries
+                .iter()
+                .fold(c, |c, b| c.with_binary(b.clone()))
+        })
+        .collect();
     let run = rig.run(&cmds)?;
     println!(
         "boot {:.2?} (to guest init), total {:.2?}; nvme {} -> {} group {}",

@@ -107,11 +107,14 @@ enum Program {
 /// One command for the guest. Arguments may hold the placeholders `{pci}` (the NVMe function's
 /// address), `{group}` (its IOMMU group) and `{block}` (its kernel block device, kernel stage
 /// only); the same values are exported as `NVMQ_NVME_PCI`, `NVMQ_VFIO_GROUP`, `NVMQ_NVME_BLOCK`.
+/// `{bin:<file name>}` is replaced by the guest path of a binary added with
+/// [`GuestCmd::with_binary`] (or of the command's own program).
 #[derive(Debug, Clone)]
 pub struct GuestCmd {
     program: Program,
     args: Vec<String>,
     stage: Stage,
+    binaries: Vec<PathBuf>,
 }
 
 impl GuestCmd {
@@ -125,6 +128,7 @@ impl GuestCmd {
             program: Program::Host(binary.into()),
             args: args.into_iter().map(Into::into).collect(),
             stage: Stage::Vfio,
+            binaries: Vec::new(),
         }
     }
 
@@ -134,7 +138,15 @@ impl GuestCmd {
             program: Program::Shell(script.into()),
             args: Vec::new(),
             stage: Stage::Vfio,
+            binaries: Vec::new(),
         }
+    }
+
+    /// Also copies host binary `path` (with its libraries) into the guest, for a command that
+    /// runs it, e.g. `GuestCmd::host("/usr/bin/strace", ["-c", "{bin:nvme-check}"])`.
+    pub fn with_binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.binaries.push(path.into());
+        self
     }
 
     /// Runs the command while the kernel's nvme driver still owns the controller.
@@ -145,10 +157,7 @@ impl GuestCmd {
 
     pub fn label(&self) -> String {
         let head = match &self.program {
-            Program::Host(p) => p
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| p.display().to_string()),
+            Program::Host(p) => file_name(p),
             Program::Shell(s) => format!("sh -c {s:?}"),
         };
         std::iter::once(head)
@@ -232,6 +241,12 @@ fn validate(opts: &RigOptions) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "cmd".into())
 }
 
 fn find_busybox() -> Result<PathBuf> {
@@ -337,6 +352,15 @@ impl Rig {
             commands: Vec::new(),
         };
         let mut placed: Vec<(PathBuf, String)> = Vec::new();
+        let mut place = |cpio: &mut Cpio, path: &PathBuf| -> Result<String> {
+            if let Some((_, g)) = placed.iter().find(|(p, _)| p == path) {
+                return Ok(g.clone());
+            }
+            let g = format!("/rig/bin/{}-{}", placed.len(), file_name(path));
+            initramfs::add_binary(cpio, path, &g)?;
+            placed.push((path.clone(), g.clone()));
+            Ok(g)
+        };
         for (n, cmd) in cmds.iter().enumerate() {
             if cmd.stage == Stage::KernelNvme && !self.opts.kernel_nvme_stage {
                 return Err(RigError::Option {
@@ -347,26 +371,25 @@ impl Rig {
                     ),
                 });
             }
-            let mut argv = match &cmd.program {
-                Program::Shell(script) => vec!["sh".to_string(), "-c".to_string(), script.clone()],
-                Program::Host(path) => {
-                    let guest = match placed.iter().find(|(p, _)| p == path) {
-                        Some((_, g)) => g.clone(),
-                        None => {
-                            let name = path
-                                .file_name()
-                                .map(|n| n.to_string_lossy().into_owned())
-                                .unwrap_or_else(|| "cmd".into());
-                            let g = format!("/rig/bin/{n}-{name}");
-                            initramfs::add_binary(&mut cpio, path, &g)?;
-                            placed.push((path.clone(), g.clone()));
-                            g
-                        }
-                    };
-                    vec![guest]
-                }
+            let mut bins: Vec<(String, String)> = Vec::new();
+            for b in &cmd.binaries {
+                bins.push((format!("{{bin:{}}}", file_name(b)), place(&mut cpio, b)?));
+            }
+            if let Program::Host(path) = &cmd.program {
+                bins.push((
+                    format!("{{bin:{}}}", file_name(path)),
+                    place(&mut cpio, path)?,
+                ));
+            }
+            let subst = |a: &String| {
+                bins.iter()
+                    .fold(a.clone(), |a, (ph, guest)| a.replace(ph.as_str(), guest))
             };
-            argv.extend(cmd.args.iter().cloned());
+            let mut argv = match &cmd.program {
+                Program::Shell(script) => vec!["sh".into(), "-c".into(), subst(script)],
+                Program::Host(_) => vec![bins[bins.len() - 1].1.clone()],
+            };
+            argv.extend(cmd.args.iter().map(subst));
             plan.commands.push(init::PlannedCmd {
                 argv,
                 stage: cmd.stage,

@@ -9,7 +9,14 @@ use super::host;
 
 /// Debian packages the rig uses: QEMU itself, qemu-nbd for NBD-backed namespaces, a static
 /// busybox for the guest's userland, and cpio (for anyone inspecting the initramfs by hand).
-pub const PACKAGES: &[&str] = &["qemu-system-x86", "qemu-utils", "busybox-static", "cpio"];
+pub const PACKAGES: &[&str] = &[
+    "qemu-system-x86",
+    "qemu-utils",
+    "busybox-static",
+    "cpio",
+    // Copied into the guest to count the driver's system calls.
+    "strace",
+];
 
 const KERNEL_META: &str = "linux-image-amd64";
 const COMPLETE_MARK: &str = ".complete";

@@ -1,0 +1,39 @@
+//! What the QEMU rig's integration tests share: one guest at a time, and boot reports on stderr.
+use std::io::Write;
+use std::sync::Mutex;
+
+use hw_test::qemu::{GuestCmd, Rig, RigOptions, RigRun};
+
+/// One guest at a time: the boot times printed stay meaningful, and two TCG guests on a 2-core
+/// machine would slow each other past their timeouts.
+pub static ONE_GUEST: Mutex<()> = Mutex::new(());
+
+/// Straight to the stderr handle, past the test harness's capture, so CI logs show it.
+pub fn log(line: impl AsRef<str>) {
+    let _ = writeln!(std::io::stderr(), "{}", line.as_ref());
+}
+
+/// Boots once and reports the timings and each command's exit (and, with `outputs`, its output
+/// lines) on stderr, each line prefixed with `tag`.
+pub fn boot(tag: &str, opts: RigOptions, cmds: &[GuestCmd], outputs: bool) -> RigRun {
+    let _guard = ONE_GUEST.lock().unwrap_or_else(|p| p.into_inner());
+    let rig = Rig::new(opts).unwrap_or_else(|e| panic!("QEMU rig cannot start: {e}"));
+    let run = rig
+        .run(cmds)
+        .unwrap_or_else(|e| panic!("QEMU rig run failed: {e}"));
+    log(format!(
+        "{tag}: guest init after {:.2?}, QEMU exited after {:.2?} ({} commands)",
+        run.boot_time,
+        run.total_time,
+        run.commands.len()
+    ));
+    for (n, c) in run.commands.iter().enumerate() {
+        log(format!("{tag}: [{n}] {} -> exit {}", c.label, c.exit_code));
+        if outputs {
+            for l in c.output.lines() {
+                log(format!("{tag}: [{n}]   {l}"));
+            }
+        }
+    }
+    run
+}
