@@ -15,6 +15,25 @@ pub enum FlushMode {
     Never,
 }
 
+impl FlushMode {
+    /// What a power cut may take back from acknowledged appends in this mode, as numbers, for the
+    /// log line every relaxed start prints; None for `always`, which loses nothing acknowledged.
+    /// `window` is the log's W: no mode lets more than W bytes sit unflushed.
+    pub fn loss_window(&self, window: u64) -> Option<String> {
+        match self {
+            FlushMode::Always => None,
+            FlushMode::Interval(i) => Some(format!(
+                "flush = interval:{}: a power cut may lose up to {} ms of acknowledged appends, and never more than {window} bytes",
+                i.as_millis(),
+                i.as_millis()
+            )),
+            FlushMode::Never => Some(format!(
+                "flush = never: a power cut may lose up to {window} bytes of acknowledged appends"
+            )),
+        }
+    }
+}
+
 impl std::str::FromStr for FlushMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -126,6 +145,17 @@ impl Default for FormatOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relaxed_modes_state_their_loss_window_as_numbers() {
+        assert_eq!(FlushMode::Always.loss_window(16 << 20), None);
+        let i = FlushMode::Interval(Duration::from_millis(5))
+            .loss_window(16 << 20)
+            .unwrap_or_default();
+        assert!(i.contains("5 ms") && i.contains("16777216 bytes"), "{i}");
+        let n = FlushMode::Never.loss_window(1 << 20).unwrap_or_default();
+        assert!(n.contains("1048576 bytes"), "{n}");
+    }
 
     #[test]
     fn flush_modes_parse_and_bad_ones_say_why() {

@@ -267,6 +267,17 @@ impl<D: BlockDevice> Writer<D> {
         let ring_room = geo.log_size.saturating_sub(geo.window + 3 * geo.max_batch) / 2;
         let lag = cfg.recovery_lag.min(ring_room).max(geo.max_batch);
         let volatile_cache = dev.info().volatile_write_cache;
+        if let Some(loss) = cfg.flush.loss_window(geo.window) {
+            tracing::warn!(
+                loss_window_bytes = geo.window,
+                "{loss}{}",
+                if volatile_cache {
+                    ""
+                } else {
+                    " (this device reports no volatile write cache: completed writes are durable, so nothing is lost)"
+                }
+            );
+        }
         let shared = Arc::new(Shared::default());
         let mut w = Writer {
             dev,
