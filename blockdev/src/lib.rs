@@ -50,6 +50,9 @@ pub struct DeviceInfo {
     pub identity: String,
     /// Model and firmware when the device has them (NVMe); empty otherwise.
     pub model: String,
+    /// The device's own health report when it has one (NVMe SMART: critical warning, failed
+    /// power-loss protection, media errors); empty otherwise.
+    pub health: String,
 }
 
 impl DeviceInfo {

@@ -80,9 +80,17 @@ fn bring_up_follows_the_admin_sequence_and_reports_the_geometry() {
         "Set Features Number of Queues before queue creation"
     );
     assert!(!s.admin_regs_written_while_enabled);
-    // Identify controller (CNS 1), Identify namespace (CNS 0), Get Features VWC, Set Features
-    // Number of Queues, Create I/O CQ, Create I/O SQ.
-    assert_eq!(s.admin_log, vec![0x0106, 0x0006, 0x0A, 0x09, 0x05, 0x01]);
+    // Identify controller (CNS 1), Identify namespace (CNS 0), Get Features VWC, Get Log Page
+    // SMART, Set Features Number of Queues, Create I/O CQ, Create I/O SQ.
+    assert_eq!(
+        s.admin_log,
+        vec![0x0106, 0x0006, 0x0A, 0x02, 0x09, 0x05, 0x01]
+    );
+    assert!(
+        i_health(&dev).starts_with("SMART critical warning 0x00 (none)"),
+        "{}",
+        i_health(&dev)
+    );
     let i = dev.info();
     assert_eq!(i.logical_block_size, 4096);
     assert_eq!(i.physical_block_size, 4096);
@@ -99,6 +107,26 @@ fn bring_up_follows_the_admin_sequence_and_reports_the_geometry() {
     assert_eq!(d.version, 0x0001_0400);
     assert_eq!(dev.queue_depth(), 128);
     assert_eq!(h.pci_command() & 0b100, 0b100);
+}
+
+fn i_health<H: blockdev::nvme::sys::Host>(dev: &NvmeDevice<H>) -> String {
+    dev.info().health.clone()
+}
+
+#[test]
+fn a_failed_power_loss_protection_shows_in_the_device_health() {
+    let cfg = FakeConfig {
+        critical_warning: 0x10,
+        ..FakeConfig::default()
+    };
+    let (dev, _h) = open_with(cfg, small_opts());
+    let health = i_health(&dev);
+    assert!(
+        health.contains("volatile memory backup (power-loss protection) failed"),
+        "{health}"
+    );
+    let smart = dev.details().smart.clone().expect("SMART read");
+    assert!(smart.plp_failed());
 }
 
 #[test]

@@ -20,6 +20,7 @@ const STRACE: &str = "/usr/bin/strace";
 const CHECKS: &[&str] = &[
     "open",
     "identify",
+    "smart",
     "patterns-across-lbas",
     "prp-lists",
     "mdts-split",
@@ -112,6 +113,12 @@ fn assert_checks_pass(c: &CmdResult, block: u32) {
             && id.contains(&format!("blocks of {block} B"))
             && id.contains("VWC present true enabled true"),
         "{id}"
+    );
+    // QEMU's controller reports a healthy SMART page: no critical warning.
+    assert!(
+        passed(c, "smart").contains("SMART critical warning 0x00 (none)"),
+        "{}",
+        passed(c, "smart")
     );
     assert!(passed(c, "prp-lists").contains("PRP lists"));
     // QEMU's MDTS is 512 KiB: the 1 MiB transfer goes out as two commands.

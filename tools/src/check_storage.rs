@@ -138,6 +138,12 @@ pub fn run(a: CheckStorageArgs) -> Result<Status> {
         );
     }
     hints.extend(honesty_hints(&info, &one, &eight));
+    // The drive's own word on its power-loss protection outranks any latency.
+    if info.health.contains("power-loss protection) failed") {
+        verdict = "broken";
+        reason = "the drive reports its power-loss protection (volatile memory backup) failed"
+            .to_string();
+    }
     let projection = project(&one, bandwidth, a.record_size, write_size);
     let report = Report {
         target,
@@ -152,9 +158,21 @@ pub fn run(a: CheckStorageArgs) -> Result<Status> {
         projection_record_size: a.record_size,
         projection,
         hints,
-        nvme_health: format!(
-            "VWC/PLP from Identify and the SMART critical warning: not available on the {backend} backend"
-        ),
+        nvme_health: if info.health.is_empty() {
+            format!(
+                "VWC/PLP from Identify and the SMART critical warning: not available on the {backend} backend"
+            )
+        } else {
+            format!(
+                "volatile write cache {}; {}",
+                if info.volatile_write_cache {
+                    "present (flushes needed)"
+                } else {
+                    "absent (power-loss protected: completion is durable)"
+                },
+                info.health
+            )
+        },
     };
     tracing::info!(target = %report.target, verdict = report.verdict, worst_flush_p99_us = worst, "storage checked");
     if a.json {

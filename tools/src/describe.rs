@@ -21,6 +21,8 @@ pub struct DeviceReport {
     pub atomic_write_unit: u32,
     /// NVMe model and firmware; None where the backend has none.
     pub model: Option<String>,
+    /// The device's health report (NVMe SMART); None where the backend has none.
+    pub health: Option<String>,
 }
 
 impl DeviceReport {
@@ -37,6 +39,7 @@ impl DeviceReport {
             volatile_write_cache: info.volatile_write_cache,
             atomic_write_unit: info.atomic_write_unit,
             model: (!info.model.is_empty()).then(|| info.model.clone()),
+            health: (!info.health.is_empty()).then(|| info.health.clone()),
         }
     }
 
@@ -87,6 +90,9 @@ impl DeviceReport {
                 .clone()
                 .unwrap_or_else(|| format!("not available on the {} backend", self.backend))
         ));
+        if let Some(h) = &self.health {
+            v.push(format!("health               {h}"));
+        }
         v
     }
 }

@@ -109,6 +109,7 @@ pub(super) fn open_device(path: &Path, direct: bool) -> Result<Opened, DeviceErr
             fs_block_size: geo.fs_block,
             identity,
             model: geo.model,
+            health: String::new(),
         },
         mem_align: if direct { geo.mem_align.max(1) } else { 1 },
     })

@@ -6,6 +6,7 @@ pub mod admin {
     pub const CREATE_IO_SQ: u8 = 0x01;
     pub const DELETE_IO_CQ: u8 = 0x04;
     pub const CREATE_IO_CQ: u8 = 0x05;
+    pub const GET_LOG_PAGE: u8 = 0x02;
     pub const IDENTIFY: u8 = 0x06;
     pub const SET_FEATURES: u8 = 0x09;
     pub const GET_FEATURES: u8 = 0x0A;
@@ -24,6 +25,8 @@ pub const CNS_CONTROLLER: u32 = 0x01;
 
 /// Feature identifiers.
 pub const FEAT_VOLATILE_WRITE_CACHE: u32 = 0x06;
+/// Log page identifier of SMART / Health Information.
+pub const LOG_SMART: u32 = 0x02;
 pub const FEAT_NUMBER_OF_QUEUES: u32 = 0x07;
 
 /// A submission queue entry.
@@ -76,6 +79,17 @@ impl Sqe {
             prp1: buffer,
             cdw10: cns,
             ..Sqe::new(admin::IDENTIFY, nsid)
+        }
+    }
+
+    /// Get Log Page `lid`, `bytes` long (a multiple of 4), controller-wide (NSID FFFFFFFFh).
+    pub fn get_log_page(lid: u32, bytes: u32, buffer: u64) -> Sqe {
+        let numd = bytes / 4 - 1;
+        Sqe {
+            prp1: buffer,
+            cdw10: (numd & 0xFFFF) << 16 | (lid & 0xFF),
+            cdw11: numd >> 16,
+            ..Sqe::new(admin::GET_LOG_PAGE, 0xFFFF_FFFF)
         }
     }
 

@@ -288,6 +288,21 @@ impl<H: Host> Controller<H> {
         Ok(NamespaceId::parse(&d))
     }
 
+    /// The SMART / Health Information log page.
+    pub fn smart_log(&mut self) -> Result<crate::nvme::smart::SmartLog, InitError> {
+        // SAFETY: data is the 4096-byte admin data page of the control arena; no command that
+        // uses it is in flight.
+        unsafe { std::ptr::write_bytes(self.data.as_ptr(), 0, 512) };
+        self.admin(
+            "Get Log Page (SMART / Health Information)",
+            Sqe::get_log_page(command::LOG_SMART, 512, self.data_iova),
+        )?;
+        let mut page = [0u8; 512];
+        // SAFETY: as above; the command completed, so the controller is done writing.
+        unsafe { std::ptr::copy_nonoverlapping(self.data.as_ptr(), page.as_mut_ptr(), 512) };
+        Ok(crate::nvme::smart::SmartLog::parse(&page))
+    }
+
     /// Whether the volatile write cache is enabled (Get Features 06h, WCE).
     pub fn write_cache_enabled(&mut self) -> Result<bool, InitError> {
         let c = self.admin(

@@ -62,6 +62,8 @@ pub struct NvmeDetails {
     pub command_bytes: usize,
     /// Volatile write cache enabled (Get Features 06h); meaningful only when present.
     pub write_cache_enabled: bool,
+    /// SMART / Health Information at open (or why it could not be read).
+    pub smart: Result<crate::nvme::smart::SmartLog, String>,
     pub page_size: usize,
     pub queue_entries: u16,
 }
@@ -225,6 +227,8 @@ impl<H: Host> NvmeDevice<H> {
         } else {
             false
         };
+        // Health is reported, never a reason to refuse the drive here: tools judge it.
+        let smart = ctrl.smart_log().map_err(|e| e.to_string());
         ctrl.request_one_queue_pair()
             .map_err(|e| err(e.to_string()))?;
 
@@ -301,6 +305,10 @@ impl<H: Host> NvmeDevice<H> {
             fs_block_size: 0,
             identity: format!("nvme:{} ns={nsid}", id.serial),
             model: format!("{} fw {}", id.model, id.firmware),
+            health: match &smart {
+                Ok(s) => s.summary(),
+                Err(e) => format!("SMART log not read: {e}"),
+            },
         };
         let pci = ctrl.host.name().to_string();
         let ctrl = guard
@@ -317,6 +325,7 @@ impl<H: Host> NvmeDevice<H> {
             mdts_bytes,
             command_bytes,
             write_cache_enabled,
+            smart,
             page_size: page,
             queue_entries: entries,
         };

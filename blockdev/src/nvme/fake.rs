@@ -33,6 +33,8 @@ pub struct FakeConfig {
     pub ms: u16,
     pub vwc_present: bool,
     pub write_cache_enabled: bool,
+    /// Byte 0 of the SMART log page the fake reports.
+    pub critical_warning: u8,
     pub awupf: u16,
     pub serial: String,
     pub model: String,
@@ -60,6 +62,7 @@ impl Default for FakeConfig {
             ms: 0,
             vwc_present: true,
             write_cache_enabled: true,
+            critical_warning: 0,
             awupf: 0,
             serial: "FAKE-0001".into(),
             model: "nvmq fake controller".into(),
@@ -504,6 +507,16 @@ impl State {
                     _ => return invalid_field,
                 }
                 if !self.write_dma(sqe.prp1, &d) {
+                    return (Status::field(0, 0x04, true), 0);
+                }
+                ok
+            }
+            admin::GET_LOG_PAGE if sqe.cdw10 & 0xFF == 0x02 => {
+                let mut page = [0u8; 512];
+                page[0] = self.cfg.critical_warning;
+                page[1..3].copy_from_slice(&300u16.to_le_bytes());
+                page[3] = 100;
+                if !self.write_dma(sqe.prp1, &page) {
                     return (Status::field(0, 0x04, true), 0);
                 }
                 ok

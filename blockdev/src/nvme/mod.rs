@@ -18,6 +18,7 @@ pub mod identify;
 pub mod prp;
 pub mod queue;
 pub mod regs;
+pub mod smart;
 pub mod status;
 pub mod sys;
 pub mod sysfs;

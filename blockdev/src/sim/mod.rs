@@ -171,6 +171,7 @@ fn info_for(cfg: &SimConfig) -> DeviceInfo {
         fs_block_size: 0,
         identity: format!("sim:{}", cfg.seed),
         model: "nvmq sim".into(),
+        health: String::new(),
     }
 }
 

@@ -190,6 +190,7 @@ mod linux {
                 }
             };
         check("identify", &mut dev, identify);
+        check("smart", &mut dev, smart);
         check("patterns-across-lbas", &mut dev, patterns_across_lbas);
         check("prp-lists", &mut dev, prp_lists);
         check("mdts-split", &mut dev, mdts_split);
@@ -320,6 +321,21 @@ mod linux {
 
     fn blocks<H: Host>(dev: &NvmeDevice<H>) -> u64 {
         dev.info().capacity / u64::from(dev.info().logical_block_size)
+    }
+
+    /// The SMART / Health log page was read at open and shows in the device's health line.
+    fn smart<H: Host>(dev: &mut NvmeDevice<H>) -> Result<String> {
+        let s = dev
+            .details()
+            .smart
+            .clone()
+            .map_err(|e| anyhow!("SMART log not read: {e}"))?;
+        ensure!(
+            dev.info().health == s.summary(),
+            "health line {:?} is not the SMART summary",
+            dev.info().health
+        );
+        Ok(s.summary())
     }
 
     fn identify<H: Host>(dev: &mut NvmeDevice<H>) -> Result<String> {
