@@ -63,9 +63,17 @@ fn nbd_negotiation_go_export_name_and_list() {
     let mut c3 = Client::connect_export_name(server.socket(), "nvmq").unwrap();
     assert_eq!(c3.size(), SIZE);
     c3.write(0, &pattern(1, 4096), false).unwrap();
-    assert_eq!(list_exports(server.socket()).unwrap(), vec!["nvmq".to_string()]);
-    let err = Client::connect(server.socket(), "other").err().expect("unknown export accepted");
-    assert!(err.to_string().contains("no export named \"other\""), "{err}");
+    assert_eq!(
+        list_exports(server.socket()).unwrap(),
+        vec!["nvmq".to_string()]
+    );
+    let err = Client::connect(server.socket(), "other")
+        .err()
+        .expect("unknown export accepted");
+    assert!(
+        err.to_string().contains("no export named \"other\""),
+        "{err}"
+    );
     c.disconnect().unwrap();
 }
 
@@ -78,7 +86,10 @@ fn nbd_writes_are_cached_until_a_flush_puts_them_on_the_image() {
     c.write(65536, &data, false).unwrap();
     assert_eq!(c.read(65536, 8192).unwrap(), data, "a read sees the cache");
     let on_image = std::fs::read(&image).unwrap();
-    assert!(on_image.iter().all(|&b| b == 0), "an unflushed write reached the image");
+    assert!(
+        on_image.iter().all(|&b| b == 0),
+        "an unflushed write reached the image"
+    );
     assert_eq!(server.stats().cached_writes, 1);
     c.flush().unwrap();
     let on_image = std::fs::read(&image).unwrap();
@@ -112,7 +123,8 @@ fn cut_run(seed: u64, writes: u32) -> (Vec<u8>, Vec<Seen>, hw_test::nbd::CutOutc
     c.flush().unwrap();
     let len = 8 * SECTOR;
     for w in 1..=writes {
-        c.write(u64::from(w) * 16384, &pattern(w, len), false).unwrap();
+        c.write(u64::from(w) * 16384, &pattern(w, len), false)
+            .unwrap();
     }
     let out = server.cut(Some(seed)).unwrap();
     let err = c.read(0, 512).err();
@@ -131,7 +143,9 @@ fn cut_run(seed: u64, writes: u32) -> (Vec<u8>, Vec<Seen>, hw_test::nbd::CutOutc
             } else if got == &base[off + r.start..off + r.end] {
                 o += 1;
             } else {
-                panic!("seed {seed}: write {w} sector {s} holds neither its bytes nor the old ones");
+                panic!(
+                    "seed {seed}: write {w} sector {s} holds neither its bytes nor the old ones"
+                );
             }
         }
         seen.push(match (n, o) {
@@ -190,7 +204,11 @@ fn nbd_fua_write_survives_a_cut_and_older_cached_bytes_never_return_over_it() {
         c.write(8192, &fua, true).unwrap();
         server.cut(Some(seed)).unwrap();
         let img = std::fs::read(&image).unwrap();
-        assert_eq!(&img[..4096], &fua[..], "seed {seed}: cached older write landed over FUA");
+        assert_eq!(
+            &img[..4096],
+            &fua[..],
+            "seed {seed}: cached older write landed over FUA"
+        );
         assert_eq!(&img[8192..12288], &fua[..], "seed {seed}");
         c = Client::connect(server.socket(), "nvmq").unwrap();
     }
@@ -212,10 +230,22 @@ fn nbd_bad_requests_get_errors_and_leave_other_connections_alone() {
     good.write(0, &pattern(3, 4096), false).unwrap();
     let mut c = Client::connect(server.socket(), "nvmq").unwrap();
     assert_eq!(errno(c.read(SIZE, 512)), EINVAL, "read past the end");
-    assert_eq!(errno(c.read(u64::MAX - 511, 512)), EINVAL, "offset + length overflows");
+    assert_eq!(
+        errno(c.read(u64::MAX - 511, 512)),
+        EINVAL,
+        "offset + length overflows"
+    );
     assert_eq!(errno(c.read(100, 512)), EINVAL, "unaligned read");
-    assert_eq!(errno(c.write(SIZE - 512, &[1u8; 1024], false)), ENOSPC, "write past the end");
-    assert_eq!(errno(c.write(0, &[1u8; 100], false)), EINVAL, "unaligned length");
+    assert_eq!(
+        errno(c.write(SIZE - 512, &[1u8; 1024], false)),
+        ENOSPC,
+        "write past the end"
+    );
+    assert_eq!(
+        errno(c.write(0, &[1u8; 100], false)),
+        EINVAL,
+        "unaligned length"
+    );
     let (e, _) = c.request(CMD_READ, 0, 0, 64 << 20, &[], 0).unwrap();
     assert_eq!(e, EINVAL, "oversized read");
     let (e, _) = c.request(CMD_READ, 1 << 7, 0, 512, &[], 0).unwrap();
@@ -238,7 +268,8 @@ fn nbd_bad_requests_get_errors_and_leave_other_connections_alone() {
     let mut raw = UnixStream::connect(server.socket()).unwrap();
     raw.read_exact(&mut greet).unwrap();
     raw.write_all(&1u32.to_be_bytes()).unwrap();
-    raw.write_all(&0x4948_4156_454f_5054u64.to_be_bytes()).unwrap();
+    raw.write_all(&0x4948_4156_454f_5054u64.to_be_bytes())
+        .unwrap();
     raw.write_all(&7u32.to_be_bytes()).unwrap();
     raw.write_all(&u32::MAX.to_be_bytes()).unwrap(); // a 4 GiB option
     let _ = raw.read_to_end(&mut rest);
@@ -255,10 +286,14 @@ fn nbd_control_socket_cuts_reports_and_refuses_nonsense() {
     assert_eq!(control::command(&ctl, "ping").unwrap(), "ok");
     let mut c = Client::connect(server.socket(), "nvmq").unwrap();
     for w in 0..10u32 {
-        c.write(u64::from(w) * 4096, &pattern(w + 1, 4096), false).unwrap();
+        c.write(u64::from(w) * 4096, &pattern(w + 1, 4096), false)
+            .unwrap();
     }
     let stats = control::command(&ctl, "stats").unwrap();
-    assert!(stats.contains("writes=10") && stats.contains("cached_writes=10"), "{stats}");
+    assert!(
+        stats.contains("writes=10") && stats.contains("cached_writes=10"),
+        "{stats}"
+    );
     let out = control::cut(&ctl, Some(5)).unwrap();
     assert_eq!(out.seed, 5);
     assert_eq!(out.unflushed, 10);
@@ -289,13 +324,73 @@ fn nbd_an_oversized_cache_destages_its_oldest_writes() {
     let server = Server::start(cfg).unwrap();
     let mut c = Client::connect(server.socket(), "nvmq").unwrap();
     for w in 0..8u32 {
-        c.write(u64::from(w) * 4096, &pattern(w + 1, 4096), false).unwrap();
+        c.write(u64::from(w) * 4096, &pattern(w + 1, 4096), false)
+            .unwrap();
     }
     let s = server.stats();
     assert!(s.destaged > 0 && s.cached_bytes <= 16384, "{s:?}");
     let img = std::fs::read(&image).unwrap();
-    assert_eq!(&img[..4096], &pattern(1, 4096)[..], "the oldest write was not destaged");
+    assert_eq!(
+        &img[..4096],
+        &pattern(1, 4096)[..],
+        "the oldest write was not destaged"
+    );
     for w in 0..8u32 {
-        assert_eq!(c.read(u64::from(w) * 4096, 4096).unwrap(), pattern(w + 1, 4096));
+        assert_eq!(
+            c.read(u64::from(w) * 4096, 4096).unwrap(),
+            pattern(w + 1, 4096)
+        );
     }
+}
+
+#[test]
+fn nbd_binary_serves_and_takes_control_commands_from_the_command_line() {
+    use std::process::{Command, Stdio};
+    let bin = env!("CARGO_BIN_EXE_nvmq-nbd");
+    let dir = Dir::new("binary");
+    let image = dir.0.join("new.img");
+    let socket = dir.0.join("nbd.sock");
+    let ctl = dir.0.join("ctl.sock");
+    let mut child = Command::new(bin)
+        .arg("--image")
+        .arg(&image)
+        .args(["--size", "1048576", "--quiet"])
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--control")
+        .arg(&ctl)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !ctl.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut c = Client::connect(&socket, "nvmq").unwrap();
+    assert_eq!(c.size(), 1 << 20);
+    for w in 0..6u32 {
+        c.write(u64::from(w) * 4096, &pattern(w + 1, 4096), false)
+            .unwrap();
+    }
+    let send = |cmd: &str| {
+        Command::new(bin)
+            .arg("--control")
+            .arg(&ctl)
+            .args(["--send", cmd])
+            .output()
+            .unwrap()
+    };
+    let out = send("cut 17");
+    let reply = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{reply} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(reply.starts_with("ok cut seed=17 unflushed=6 "), "{reply}");
+    let bad = send("melt");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown command"));
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -46,9 +46,12 @@ fn qemu_nvme_power_cut_keeps_flushed_writes_and_tears_unflushed_ones_at_sectors(
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let image: PathBuf = dir.join("nvme.img");
-    std::fs::File::create(&image).unwrap().set_len(DISK_BYTES).unwrap();
-    let server = NbdServer::start_power_cut(&image, &dir.join("nbd.sock"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(DISK_BYTES)
+        .unwrap();
+    let server =
+        NbdServer::start_power_cut(&image, &dir.join("nbd.sock")).unwrap_or_else(|e| panic!("{e}"));
     let rig = Rig::new(RigOptions {
         disk: Disk::Nbd {
             socket: server.socket().to_path_buf(),
@@ -70,7 +73,10 @@ fn qemu_nvme_power_cut_keeps_flushed_writes_and_tears_unflushed_ones_at_sectors(
     ]
     .join(" && ");
     let run = rig
-        .run_until_marker(&[GuestCmd::shell(script).in_stage(Stage::KernelNvme)], MARKER)
+        .run_until_marker(
+            &[GuestCmd::shell(script).in_stage(Stage::KernelNvme)],
+            MARKER,
+        )
         .unwrap_or_else(|e| panic!("QEMU run failed: {e}"));
     let output = &run.commands[0].output;
     assert!(output.contains(MARKER), "guest output:\n{output}");
@@ -95,7 +101,11 @@ fn qemu_nvme_power_cut_keeps_flushed_writes_and_tears_unflushed_ones_at_sectors(
     let b = pattern('B', 512);
     let c = pattern('C', 64);
     let zero = vec![0u8; SECTOR];
-    assert_eq!(&img[..32768], &a[..32768], "seed {seed}: flushed pattern A damaged");
+    assert_eq!(
+        &img[..32768],
+        &a[..32768],
+        "seed {seed}: flushed pattern A damaged"
+    );
     let sectors = |at: usize, new: &[u8], old: &[u8], what: &str| -> (usize, usize) {
         let (mut n, mut o) = (0, 0);
         for (s, (got, (nw, od))) in img[at..at + new.len()]
@@ -124,7 +134,10 @@ fn qemu_nvme_power_cut_keeps_flushed_writes_and_tears_unflushed_ones_at_sectors(
         .iter()
         .chain(&img[(1 << 20) + b.len()..])
         .all(|&x| x == 0);
-    assert!(outside, "seed {seed}: bytes written outside the three regions");
+    assert!(
+        outside,
+        "seed {seed}: bytes written outside the three regions"
+    );
     // Everything survived would mean nothing was cut; the crash model at this seed must show it.
     assert!(
         cut.lost + cut.torn > 0 && cn + bn < 64 + 512,

@@ -10,7 +10,9 @@ use clap::Parser;
 use hw_test::nbd::{control, Server, ServerConfig};
 
 #[derive(Parser)]
-#[command(about = "NBD server modelling a drive's volatile write cache, with a power-cut control socket")]
+#[command(
+    about = "NBD server modelling a drive's volatile write cache, with a power-cut control socket"
+)]
 struct Args {
     /// Raw image to serve (the medium); created with --size if it does not exist.
     #[arg(long)]
@@ -65,7 +67,10 @@ fn run(args: Args) -> Result<()> {
     };
     if !image.exists() {
         let Some(size) = args.size else {
-            bail!("{} does not exist; give --size to create it", image.display());
+            bail!(
+                "{} does not exist; give --size to create it",
+                image.display()
+            );
         };
         std::fs::File::create(&image)
             .and_then(|f| f.set_len(size))

@@ -100,7 +100,8 @@ impl Client {
                     match kind {
                         REP_ACK => break,
                         REP_INFO if data.len() == 12 && data[0..2] == INFO_EXPORT.to_be_bytes() => {
-                            self.size = u64::from_be_bytes(data[2..10].try_into().unwrap_or_default());
+                            self.size =
+                                u64::from_be_bytes(data[2..10].try_into().unwrap_or_default());
                             self.flags = u16::from_be_bytes([data[10], data[11]]);
                         }
                         REP_INFO => {}
@@ -279,7 +280,9 @@ pub fn list_exports(socket: &Path) -> Result<Vec<String>, NbdError> {
             REP_ACK => break,
             REP_SERVER if data.len() >= 4 => {
                 let n = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize;
-                let name = data.get(4..4 + n).ok_or_else(|| c.bad("short export name"))?;
+                let name = data
+                    .get(4..4 + n)
+                    .ok_or_else(|| c.bad("short export name"))?;
                 names.push(String::from_utf8_lossy(name).into_owned());
             }
             k => return Err(c.bad(format!("NBD_OPT_LIST reply {k:#x}"))),

@@ -174,6 +174,9 @@ impl Conn<'_> {
                         reply.extend_from_slice(&[0u8; 124]);
                     }
                     self.stream.write_all(&reply)?;
+                    self.shared.log(&format!(
+                        "export {name:?} entered through NBD_OPT_EXPORT_NAME"
+                    ));
                     return Ok(true);
                 }
                 OPT_ABORT => {
@@ -217,6 +220,8 @@ impl Conn<'_> {
                     }
                     self.option_reply(option, REP_ACK, &[])?;
                     if option == OPT_GO {
+                        self.shared
+                            .log(&format!("export {name:?} entered through NBD_OPT_GO"));
                         return Ok(true);
                     }
                 }
@@ -256,9 +261,9 @@ impl Conn<'_> {
                     return self.reply(errno, req.handle, &[]);
                 }
                 let mut buf = vec![0u8; req.length as usize];
-                let res = self.shared.with_power(self.generation, |store| {
-                    store.read(req.offset, &mut buf)
-                })?;
+                let res = self
+                    .shared
+                    .with_power(self.generation, |store| store.read(req.offset, &mut buf))?;
                 match res {
                     Ok(()) => self.reply(0, req.handle, &buf),
                     Err(e) => {
@@ -289,9 +294,9 @@ impl Conn<'_> {
                     return self.reply(0, req.handle, &[]);
                 }
                 let fua = req.flags & CMD_FLAG_FUA != 0;
-                let res = self.shared.with_power(self.generation, |store| {
-                    store.write(req.offset, data, fua)
-                })?;
+                let res = self
+                    .shared
+                    .with_power(self.generation, |store| store.write(req.offset, data, fua))?;
                 self.answer(res, "write", req.handle)
             }
             CMD_FLUSH => {
@@ -365,6 +370,9 @@ mod tests {
         assert_eq!(check_range(4096, 512, 4096, ENOSPC), Err(ENOSPC));
         assert_eq!(check_range(4096, 1, 512, ENOSPC), Err(EINVAL));
         assert_eq!(check_range(4096, u64::MAX - 511, 512, EINVAL), Err(EINVAL));
-        assert_eq!(check_range(1 << 40, 0, MAX_REQUEST + 512, ENOSPC), Err(EINVAL));
+        assert_eq!(
+            check_range(1 << 40, 0, MAX_REQUEST + 512, ENOSPC),
+            Err(EINVAL)
+        );
     }
 }

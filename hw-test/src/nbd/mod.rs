@@ -14,15 +14,15 @@
 //! (with FUA), FLUSH, DISC. Requests must be 512-byte aligned (advertised as the minimum block
 //! size).
 mod client;
-pub mod control;
 mod conn;
+pub mod control;
 mod error;
 mod proto;
 mod server;
 mod store;
 
 pub use client::{list_exports, Client};
-pub use proto::{CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE, EINVAL, ENOSPC};
 pub use error::NbdError;
+pub use proto::{CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE, EINVAL, ENOSPC};
 pub use server::{Server, ServerConfig};
 pub use store::{CutOutcome, StoreStats};

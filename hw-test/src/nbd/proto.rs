@@ -101,7 +101,8 @@ impl Request {
 
     /// `None` when the magic is wrong: the stream is out of step and cannot be trusted further.
     pub fn decode(b: &[u8; Self::LEN]) -> Option<Request> {
-        let field = |r: std::ops::Range<usize>| b[r].iter().fold(0u64, |a, &x| (a << 8) | u64::from(x));
+        let field =
+            |r: std::ops::Range<usize>| b[r].iter().fold(0u64, |a, &x| (a << 8) | u64::from(x));
         if field(0..4) != u64::from(REQUEST_MAGIC) {
             return None;
         }
@@ -125,7 +126,12 @@ pub fn write_simple_reply(w: &mut impl Write, error: u32, handle: u64) -> io::Re
 }
 
 /// An option reply header followed by its data.
-pub fn write_option_reply(w: &mut impl Write, option: u32, kind: u32, data: &[u8]) -> io::Result<()> {
+pub fn write_option_reply(
+    w: &mut impl Write,
+    option: u32,
+    kind: u32,
+    data: &[u8],
+) -> io::Result<()> {
     let len = u32::try_from(data.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "option reply over 4 GiB"))?;
     let mut b = Vec::with_capacity(20 + data.len());

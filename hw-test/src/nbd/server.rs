@@ -192,7 +192,10 @@ pub struct Server {
     threads: Vec<JoinHandle<()>>,
 }
 
-fn sock_err(op: &'static str, addr: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> NbdError {
+fn sock_err(
+    op: &'static str,
+    addr: impl std::fmt::Display,
+) -> impl FnOnce(std::io::Error) -> NbdError {
     let addr = addr.to_string();
     move |source| NbdError::Socket { op, addr, source }
 }
@@ -215,7 +218,8 @@ impl Server {
         });
         let mut threads = Vec::new();
         let _ = std::fs::remove_file(&cfg.socket);
-        let unix = UnixListener::bind(&cfg.socket).map_err(sock_err("binding", cfg.socket.display()))?;
+        let unix =
+            UnixListener::bind(&cfg.socket).map_err(sock_err("binding", cfg.socket.display()))?;
         let sh = shared.clone();
         threads.push(spawn("nbd-unix", move || {
             for conn in unix.incoming() {
@@ -231,7 +235,9 @@ impl Server {
         let mut tcp_addr = None;
         if let Some(addr) = &cfg.tcp {
             let l = TcpListener::bind(addr.as_str()).map_err(sock_err("binding", addr))?;
-            let local = l.local_addr().map_err(sock_err("reading the address of", addr))?;
+            let local = l
+                .local_addr()
+                .map_err(sock_err("reading the address of", addr))?;
             tcp_addr = Some(local);
             let sh = shared.clone();
             threads.push(spawn("nbd-tcp", move || {

@@ -129,7 +129,8 @@ impl VolatileImage {
             return Ok(());
         }
         self.cached_bytes += data.len() as u64;
-        self.cache.push(CacheEntry::new(self.next_seq, offset, data));
+        self.cache
+            .push(CacheEntry::new(self.next_seq, offset, data));
         self.next_seq += 1;
         self.destage_over_limit()
     }
