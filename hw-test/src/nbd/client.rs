@@ -35,21 +35,43 @@ impl Client {
     }
 
     fn open(socket: &Path, export: &str, how: Enter) -> Result<Client, NbdError> {
+        let mut c = Client::unnegotiated(socket)?;
+        c.handshake(export, how)?;
+        Ok(c)
+    }
+
+    /// A connected client before the server's greeting has been read.
+    fn unnegotiated(socket: &Path) -> Result<Client, NbdError> {
         let peer = socket.display().to_string();
         let stream = UnixStream::connect(socket).map_err(|source| NbdError::Socket {
             op: "connecting to",
             addr: peer.clone(),
             source,
         })?;
-        let mut c = Client {
+        Ok(Client {
             stream,
             peer,
             size: 0,
             flags: 0,
             next_handle: 1,
-        };
-        c.handshake(export, how)?;
-        Ok(c)
+        })
+    }
+
+    /// Reads the greeting of a fixed newstyle server and answers it; true if the server
+    /// leaves out the 124 zero bytes after NBD_OPT_EXPORT_NAME.
+    fn greet(&mut self) -> Result<bool, NbdError> {
+        let magic = read_u64(&mut self.stream).map_err(self.io("reading the greeting"))?;
+        let opt = read_u64(&mut self.stream).map_err(self.io("reading the greeting"))?;
+        let hflags = read_u16(&mut self.stream).map_err(self.io("reading the greeting"))?;
+        if magic != NBDMAGIC || opt != IHAVEOPT || hflags & FLAG_FIXED_NEWSTYLE == 0 {
+            return Err(self.bad(format!(
+                "not a fixed newstyle server ({magic:#x} {opt:#x} flags {hflags:#x})"
+            )));
+        }
+        let no_zeroes = hflags & FLAG_NO_ZEROES != 0;
+        let cflags = CLIENT_FIXED_NEWSTYLE | if no_zeroes { CLIENT_NO_ZEROES } else { 0 };
+        self.send(&cflags.to_be_bytes())?;
+        Ok(no_zeroes)
     }
 
     fn bad(&self, reason: impl Into<String>) -> NbdError {
@@ -65,17 +87,7 @@ impl Client {
     }
 
     fn handshake(&mut self, export: &str, how: Enter) -> Result<(), NbdError> {
-        let magic = read_u64(&mut self.stream).map_err(self.io("reading the greeting"))?;
-        let opt = read_u64(&mut self.stream).map_err(self.io("reading the greeting"))?;
-        let hflags = read_u16(&mut self.stream).map_err(self.io("reading the greeting"))?;
-        if magic != NBDMAGIC || opt != IHAVEOPT || hflags & FLAG_FIXED_NEWSTYLE == 0 {
-            return Err(self.bad(format!(
-                "not a fixed newstyle server ({magic:#x} {opt:#x} flags {hflags:#x})"
-            )));
-        }
-        let no_zeroes = hflags & FLAG_NO_ZEROES != 0;
-        let cflags = CLIENT_FIXED_NEWSTYLE | if no_zeroes { CLIENT_NO_ZEROES } else { 0 };
-        self.send(&cflags.to_be_bytes())?;
+        let no_zeroes = self.greet()?;
         match how {
             Enter::ExportName => {
                 self.send_option(OPT_EXPORT_NAME, export.as_bytes())?;
@@ -255,23 +267,8 @@ impl Client {
 
 /// The export names a server lists (NBD_OPT_LIST), then NBD_OPT_ABORT.
 pub fn list_exports(socket: &Path) -> Result<Vec<String>, NbdError> {
-    let peer = socket.display().to_string();
-    let stream = UnixStream::connect(socket).map_err(|source| NbdError::Socket {
-        op: "connecting to",
-        addr: peer.clone(),
-        source,
-    })?;
-    let mut c = Client {
-        stream,
-        peer,
-        size: 0,
-        flags: 0,
-        next_handle: 1,
-    };
-    let _ = read_u64(&mut c.stream).map_err(c.io("reading the greeting"))?;
-    let _ = read_u64(&mut c.stream).map_err(c.io("reading the greeting"))?;
-    let _ = read_u16(&mut c.stream).map_err(c.io("reading the greeting"))?;
-    c.send(&CLIENT_FIXED_NEWSTYLE.to_be_bytes())?;
+    let mut c = Client::unnegotiated(socket)?;
+    c.greet()?;
     c.send_option(OPT_LIST, &[])?;
     let mut names = Vec::new();
     loop {

@@ -89,7 +89,15 @@ fn transmission_flags() -> u16 {
     TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA
 }
 
-/// What a request's offset and length are checked against.
+/// A read or write request's flags, alignment and range; `past_end` is the error for a range
+/// beyond the export (EINVAL for reads, ENOSPC for writes, as the protocol asks).
+fn check_request(size: u64, req: &Request, past_end: u32) -> Result<(), u32> {
+    if req.flags & !CMD_FLAG_FUA != 0 {
+        return Err(EINVAL);
+    }
+    check_range(size, req.offset, req.length, past_end)
+}
+
 fn check_range(size: u64, offset: u64, length: u32, past_end: u32) -> Result<(), u32> {
     if length > MAX_REQUEST {
         return Err(EINVAL);
@@ -252,25 +260,14 @@ impl Conn<'_> {
         match req.kind {
             CMD_DISC => Err(End::Client),
             CMD_READ => {
-                let checked = if req.flags & !CMD_FLAG_FUA != 0 {
-                    Err(EINVAL)
-                } else {
-                    check_range(size, req.offset, req.length, EINVAL)
-                };
-                if let Err(errno) = checked {
+                if let Err(errno) = check_request(size, &req, EINVAL) {
                     return self.reply(errno, req.handle, &[]);
                 }
                 let mut buf = vec![0u8; req.length as usize];
                 let res = self
                     .shared
                     .with_power(self.generation, |store| store.read(req.offset, &mut buf))?;
-                match res {
-                    Ok(()) => self.reply(0, req.handle, &buf),
-                    Err(e) => {
-                        self.shared.log(&format!("read failed: {e}"));
-                        self.reply(EIO, req.handle, &[])
-                    }
-                }
+                self.answer(res, "read", req.handle, &buf)
             }
             CMD_WRITE => {
                 if req.length > MAX_REQUEST {
@@ -282,12 +279,7 @@ impl Conn<'_> {
                 }
                 let mut data = vec![0u8; req.length as usize];
                 self.read_exact(&mut data)?;
-                let checked = if req.flags & !CMD_FLAG_FUA != 0 {
-                    Err(EINVAL)
-                } else {
-                    check_range(size, req.offset, req.length, ENOSPC)
-                };
-                if let Err(errno) = checked {
+                if let Err(errno) = check_request(size, &req, ENOSPC) {
                     return self.reply(errno, req.handle, &[]);
                 }
                 if data.is_empty() {
@@ -297,26 +289,28 @@ impl Conn<'_> {
                 let res = self
                     .shared
                     .with_power(self.generation, |store| store.write(req.offset, data, fua))?;
-                self.answer(res, "write", req.handle)
+                self.answer(res, "write", req.handle, &[])
             }
             CMD_FLUSH => {
                 let res = self
                     .shared
                     .with_power(self.generation, |store| store.flush())?;
-                self.answer(res, "flush", req.handle)
+                self.answer(res, "flush", req.handle, &[])
             }
             _ => self.reply(EINVAL, req.handle, &[]),
         }
     }
 
+    /// The reply to a request the store served: its data on success, EIO (logged) on failure.
     fn answer(
         &mut self,
         res: Result<(), super::NbdError>,
         what: &str,
         handle: u64,
+        data: &[u8],
     ) -> Result<(), End> {
         match res {
-            Ok(()) => self.reply(0, handle, &[]),
+            Ok(()) => self.reply(0, handle, data),
             Err(e) => {
                 self.shared.log(&format!("{what} failed: {e}"));
                 self.reply(EIO, handle, &[])

@@ -220,60 +220,44 @@ impl Server {
         let _ = std::fs::remove_file(&cfg.socket);
         let unix =
             UnixListener::bind(&cfg.socket).map_err(sock_err("binding", cfg.socket.display()))?;
-        let sh = shared.clone();
-        threads.push(spawn("nbd-unix", move || {
-            for conn in unix.incoming() {
-                if sh.stopping.load(Ordering::Relaxed) {
-                    break;
-                }
-                match conn {
-                    Ok(s) => sh.serve(Stream::Unix(s), "unix".into()),
-                    Err(e) => sh.log(&format!("accept on the unix socket: {e}")),
-                }
-            }
-        })?);
+        threads.push(accept_loop(
+            "nbd-unix",
+            &shared,
+            move || unix.accept().map(|(s, _)| s),
+            |sh, s| sh.serve(Stream::Unix(s), "unix".into()),
+        )?);
         let mut tcp_addr = None;
         if let Some(addr) = &cfg.tcp {
             let l = TcpListener::bind(addr.as_str()).map_err(sock_err("binding", addr))?;
-            let local = l
-                .local_addr()
-                .map_err(sock_err("reading the address of", addr))?;
-            tcp_addr = Some(local);
-            let sh = shared.clone();
-            threads.push(spawn("nbd-tcp", move || {
-                for conn in l.incoming() {
-                    if sh.stopping.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    match conn {
-                        Ok(s) => {
-                            let peer = s
-                                .peer_addr()
-                                .map(|a| a.to_string())
-                                .unwrap_or_else(|_| "tcp".into());
-                            let _ = s.set_nodelay(true);
-                            sh.serve(Stream::Tcp(s), peer)
-                        }
-                        Err(e) => sh.log(&format!("accept on {local}: {e}")),
-                    }
-                }
-            })?);
+            tcp_addr = Some(
+                l.local_addr()
+                    .map_err(sock_err("reading the address of", addr))?,
+            );
+            threads.push(accept_loop(
+                "nbd-tcp",
+                &shared,
+                move || l.accept(),
+                |sh, (s, peer)| {
+                    let _ = s.set_nodelay(true);
+                    sh.serve(Stream::Tcp(s), peer.to_string())
+                },
+            )?);
         }
         if let Some(path) = &cfg.control {
             let _ = std::fs::remove_file(path);
             let l = UnixListener::bind(path).map_err(sock_err("binding", path.display()))?;
-            let sh = shared.clone();
-            threads.push(spawn("nbd-control", move || {
-                for conn in l.incoming() {
-                    if sh.stopping.load(Ordering::Relaxed) {
-                        break;
+            threads.push(accept_loop(
+                "nbd-control",
+                &shared,
+                move || l.accept().map(|(s, _)| s),
+                |sh, s| {
+                    let sh = sh.clone();
+                    // Its own thread: a controller that keeps its connection open blocks no one.
+                    if let Err(e) = spawn("nbd-control-conn", move || control::serve(&sh, s)) {
+                        eprintln!("nvmq-nbd: {e}");
                     }
-                    match conn {
-                        Ok(s) => control::serve(&sh, s),
-                        Err(e) => sh.log(&format!("accept on the control socket: {e}")),
-                    }
-                }
-            })?);
+                },
+            )?);
         }
         shared.log(&format!(
             "serving {} ({} bytes) on {}{}{}",
@@ -316,6 +300,31 @@ impl Server {
     pub fn stats(&self) -> StoreStats {
         self.shared.stats()
     }
+}
+
+/// A thread taking connections from `accept` until the server stops, each handed to `handle`.
+fn accept_loop<S>(
+    name: &str,
+    shared: &Arc<Shared>,
+    mut accept: impl FnMut() -> std::io::Result<S> + Send + 'static,
+    handle: impl Fn(&Arc<Shared>, S) + Send + 'static,
+) -> Result<JoinHandle<()>, NbdError> {
+    let sh = shared.clone();
+    let what = name.to_string();
+    spawn(name, move || loop {
+        let conn = accept();
+        if sh.stopping.load(Ordering::Relaxed) {
+            break;
+        }
+        match conn {
+            Ok(s) => handle(&sh, s),
+            Err(e) => {
+                sh.log(&format!("{what}: accept: {e}"));
+                // Out of descriptors and the like: do not spin on it.
+                thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    })
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, NbdError> {
