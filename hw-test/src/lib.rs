@@ -1,3 +1,4 @@
 //! Hardware test rigs for nvmq. `qemu` boots a throw-away guest whose emulated NVMe controller is
 //! bound to vfio-pci, runs host-built binaries in it and reports each one's output and exit code.
+pub mod nbd;
 pub mod qemu;

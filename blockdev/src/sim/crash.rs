@@ -6,9 +6,11 @@
 //! independently kept whole, lost, or torn at 512-byte sectors, with optional garbage sectors and
 //! read-modify-write damage to its physical block's neighbours. Then the device is off.
 
+use std::convert::Infallible;
+
 use super::media::{CacheEntry, SECTOR};
 use super::state::{State, Work};
-use super::CutReport;
+use super::{CutReport, Rng};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -96,63 +98,27 @@ impl State {
 
     fn land(&mut self, item: &Item, report: &mut CutReport) {
         let e = &item.entry;
-        let live: Vec<usize> = (0..e.live.len()).filter(|&i| e.live[i]).collect();
-        let roll = self.rng.below(3);
-        let mut fate: Vec<Sector> = match (item.kind, roll) {
-            (Kind::Cached | Kind::InFlight, 0) => vec![Sector::New; live.len()],
-            (Kind::Cached | Kind::InFlight, 1) | (Kind::Doomed, 0) => vec![Sector::Old; live.len()],
-            _ => self.tear(live.len()),
-        };
-        if item.kind == Kind::Doomed && fate.iter().all(|&s| s == Sector::New) {
-            // A doomed write is never kept whole: the failed flush lost at least part of it.
-            let i = self.rng.below(fate.len() as u64) as usize;
-            fate[i] = Sector::Old;
-        }
-        let (mut new, mut old) = (0usize, 0usize);
-        for (&s, &f) in live.iter().zip(&fate) {
-            let r = e.sector_range(s);
-            let at = e.off + r.start as u64;
-            match f {
-                Sector::New => {
-                    new += 1;
-                    self.media.write(at, &e.data[r]);
-                }
-                Sector::Old => old += 1,
-                Sector::Garbage => {
-                    report.garbage_sectors += 1;
-                    let mut junk = vec![0u8; r.len()];
-                    self.rng.fill(&mut junk);
-                    self.media.write(at, &junk);
-                }
-            }
-        }
-        // Report what actually happened, not what was rolled: a "tear" that came out all new is a
-        // survivor, and one that came out all old (no garbage) is a loss.
-        if new == live.len() {
-            report.survived += 1;
-        } else if old == live.len() {
-            report.lost += 1;
-        } else {
-            report.torn += 1;
+        let media = &mut self.media;
+        let landed = land_unflushed::<Infallible>(
+            &mut self.rng,
+            e,
+            item.kind == Kind::Doomed,
+            self.cfg.garbage_sectors,
+            |at, bytes| {
+                media.write(at, bytes);
+                Ok(())
+            },
+        );
+        let Ok(landed) = landed;
+        report.garbage_sectors += landed.garbage_sectors;
+        match landed.fate {
+            WriteFate::Survived => report.survived += 1,
+            WriteFate::Lost => report.lost += 1,
+            WriteFate::Torn => report.torn += 1,
         }
         if self.cfg.rmw_damage {
             self.rmw_damage(e.off, e.data.len() as u64, report);
         }
-    }
-
-    fn tear(&mut self, sectors: usize) -> Vec<Sector> {
-        let garbage = self.cfg.garbage_sectors;
-        (0..sectors)
-            .map(|_| {
-                if garbage && self.rng.chance(GARBAGE_P) {
-                    Sector::Garbage
-                } else if self.rng.below(2) == 0 {
-                    Sector::New
-                } else {
-                    Sector::Old
-                }
-            })
-            .collect()
     }
 
     /// A write that covers only part of a physical block makes the drive read, merge and rewrite
@@ -191,4 +157,93 @@ impl State {
             }
         }
     }
+}
+
+/// What a power cut made of one unflushed write, judged by what landed, not by what was rolled: a
+/// "tear" that came out all new is a survivor, and one that came out all old (no garbage) a loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteFate {
+    Survived,
+    Lost,
+    Torn,
+}
+
+/// The outcome of [`land_unflushed`] for one write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Landing {
+    pub fate: WriteFate,
+    /// Sectors left holding random bytes (only with `garbage`).
+    pub garbage_sectors: u64,
+}
+
+/// The crash model for one write that completed but was not flushed when the power went: with one
+/// draw from `rng` it survives whole, is lost, or is torn, and a torn write keeps each live 512-byte
+/// sector new or old independently (or, with `garbage`, random). Every sector that changes the
+/// medium is handed to `put(byte offset, bytes)` in ascending order; the caller owns the medium
+/// (the sim's memory, or a file behind an NBD server). A `doomed` write (its flush failed) is
+/// never kept whole. The order of draws is fixed, so a seed replays the same cut.
+pub fn land_unflushed<E>(
+    rng: &mut Rng,
+    e: &CacheEntry,
+    doomed: bool,
+    garbage: bool,
+    mut put: impl FnMut(u64, &[u8]) -> Result<(), E>,
+) -> Result<Landing, E> {
+    let live: Vec<usize> = (0..e.live.len()).filter(|&i| e.live[i]).collect();
+    let roll = rng.below(3);
+    let mut fate: Vec<Sector> = match (doomed, roll) {
+        (false, 0) => vec![Sector::New; live.len()],
+        (false, 1) | (true, 0) => vec![Sector::Old; live.len()],
+        _ => tear(rng, live.len(), garbage),
+    };
+    if doomed && fate.iter().all(|&s| s == Sector::New) {
+        // The failed flush lost at least part of it.
+        let i = rng.below(fate.len() as u64) as usize;
+        if let Some(f) = fate.get_mut(i) {
+            *f = Sector::Old;
+        }
+    }
+    let (mut new, mut old, mut junk_sectors) = (0usize, 0usize, 0u64);
+    for (&s, &f) in live.iter().zip(&fate) {
+        let r = e.sector_range(s);
+        let at = e.off + r.start as u64;
+        match f {
+            Sector::New => {
+                new += 1;
+                put(at, &e.data[r])?;
+            }
+            Sector::Old => old += 1,
+            Sector::Garbage => {
+                junk_sectors += 1;
+                let mut junk = vec![0u8; r.len()];
+                rng.fill(&mut junk);
+                put(at, &junk)?;
+            }
+        }
+    }
+    let fate = if new == live.len() {
+        WriteFate::Survived
+    } else if old == live.len() {
+        WriteFate::Lost
+    } else {
+        WriteFate::Torn
+    };
+    Ok(Landing {
+        fate,
+        garbage_sectors: junk_sectors,
+    })
+}
+
+fn tear(rng: &mut Rng, sectors: usize, garbage: bool) -> Vec<Sector> {
+    (0..sectors)
+        .map(|_| {
+            if garbage && rng.chance(GARBAGE_P) {
+                Sector::Garbage
+            } else if rng.below(2) == 0 {
+                Sector::New
+            } else {
+                Sector::Old
+            }
+        })
+        .collect()
 }

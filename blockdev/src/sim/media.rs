@@ -6,7 +6,7 @@ use std::collections::HashMap;
 /// The granularity at which a power cut tears a write (storage.md §6): the classic disk sector.
 /// Devices with 4 KiB logical blocks still tear at 512 bytes in this model, because real drives
 /// give no stronger guarantee than AWUPF and the log must not rely on one.
-pub(crate) const SECTOR: u64 = 512;
+pub const SECTOR: u64 = 512;
 
 /// Size of one storage chunk of the sparse medium.
 const CHUNK: u64 = 4096;
@@ -89,9 +89,11 @@ impl Media {
     }
 }
 
-/// A write that completed but is not durable yet: it sits in the device's volatile cache.
+/// A write that completed but is not durable yet: it sits in the device's volatile cache. Public so
+/// that other models of a volatile cache (the hw-test NBD server) keep their unflushed writes in
+/// the same form and hand them to [`super::land_unflushed`] at a cut.
 #[derive(Debug)]
-pub(crate) struct CacheEntry {
+pub struct CacheEntry {
     /// Completion order: a flush covers the entries with `cseq` below the count it captured.
     pub(crate) cseq: u64,
     /// Byte offset on the medium (where the write landed, which a misdirect may have moved).
@@ -106,7 +108,8 @@ pub(crate) struct CacheEntry {
 }
 
 impl CacheEntry {
-    pub(crate) fn new(cseq: u64, off: u64, data: Vec<u8>) -> CacheEntry {
+    /// `cseq` orders completions (the sim's flush coverage); other users may pass any count.
+    pub fn new(cseq: u64, off: u64, data: Vec<u8>) -> CacheEntry {
         let sectors = (data.len() as u64).div_ceil(SECTOR) as usize;
         CacheEntry {
             cseq,
@@ -115,6 +118,42 @@ impl CacheEntry {
             live: vec![true; sectors],
             doomed: false,
         }
+    }
+
+    /// Byte offset of the write on the medium.
+    pub fn off(&self) -> u64 {
+        self.off
+    }
+
+    /// Bytes of the write (dead sectors included).
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// The live parts of the write as (byte offset, bytes), adjacent live sectors merged: what a
+    /// flush puts on the medium.
+    pub fn live_runs(&self) -> impl Iterator<Item = (u64, &[u8])> + '_ {
+        let n = self.live.len();
+        let mut i = 0;
+        std::iter::from_fn(move || {
+            while i < n && !self.live[i] {
+                i += 1;
+            }
+            if i == n {
+                return None;
+            }
+            let first = i;
+            while i < n && self.live[i] {
+                i += 1;
+            }
+            let start = self.sector_range(first).start;
+            let end = self.sector_range(i - 1).end;
+            Some((self.off + start as u64, &self.data[start..end]))
+        })
     }
 
     pub(crate) fn end(&self) -> u64 {
@@ -132,7 +171,7 @@ impl CacheEntry {
     }
 
     /// Copies this entry's live bytes that fall in `[off, off + buf.len())` into `buf`.
-    pub(crate) fn overlay(&self, off: u64, buf: &mut [u8]) {
+    pub fn overlay(&self, off: u64, buf: &mut [u8]) {
         if !self.overlaps(off, buf.len() as u64) {
             return;
         }
@@ -153,7 +192,7 @@ impl CacheEntry {
     }
 
     /// Marks dead every sector of this entry that overlaps `[off, off + len)`.
-    pub(crate) fn kill(&mut self, off: u64, len: u64) {
+    pub fn kill(&mut self, off: u64, len: u64) {
         if len == 0 || !self.overlaps(off, len) {
             return;
         }
@@ -166,7 +205,7 @@ impl CacheEntry {
         }
     }
 
-    pub(crate) fn any_live(&self) -> bool {
+    pub fn any_live(&self) -> bool {
         self.live.iter().any(|&l| l)
     }
 }
@@ -260,6 +299,23 @@ mod tests {
         assert!(buf[1536..2048].iter().all(|&b| b == 0));
         assert!(buf[2048..3072].iter().all(|&b| b == 9));
         assert!(buf[3072..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn sim_cache_entry_live_runs_merge_adjacent_sectors() {
+        let data: Vec<u8> = (0..2560u32).map(|i| (i % 251) as u8).collect();
+        let mut e = CacheEntry::new(0, 4096, data.clone());
+        e.kill(4096 + 512, 512); // sector 1 of 5
+        let runs: Vec<(u64, Vec<u8>)> = e.live_runs().map(|(o, b)| (o, b.to_vec())).collect();
+        assert_eq!(
+            runs,
+            vec![
+                (4096, data[..512].to_vec()),
+                (4096 + 1024, data[1024..].to_vec())
+            ]
+        );
+        e.kill(0, 1 << 20);
+        assert_eq!(e.live_runs().count(), 0);
     }
 
     #[test]

@@ -31,7 +31,9 @@ mod rng;
 mod state;
 
 pub use clock::SimClock;
+pub use crash::{land_unflushed, Landing, WriteFate};
 pub use latency::Latency;
+pub use media::{CacheEntry, SECTOR};
 pub use rng::Rng;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

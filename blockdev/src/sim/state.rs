@@ -528,12 +528,7 @@ impl State {
 
 /// Writes an entry's live sectors to the medium.
 pub(crate) fn write_live(media: &mut Media, e: &CacheEntry) {
-    if e.live.iter().all(|&l| l) {
-        media.write(e.off, &e.data);
-        return;
-    }
-    for (i, _) in e.live.iter().enumerate().filter(|(_, &l)| l) {
-        let r = e.sector_range(i);
-        media.write(e.off + r.start as u64, &e.data[r]);
+    for (at, bytes) in e.live_runs() {
+        media.write(at, bytes);
     }
 }

@@ -21,6 +21,8 @@ pub struct BootOutcome {
     pub total_time: Duration,
     pub status: ExitStatus,
     pub stderr: String,
+    /// The host killed QEMU because a console line held the `kill_at` marker.
+    pub killed_at_marker: bool,
 }
 
 const TAIL_LINES: usize = 40;
@@ -40,11 +42,15 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// Runs QEMU until it exits, the deadline passes (an error), or, with `kill_at`, a console line
+/// contains that marker: then QEMU gets SIGKILL at once, so the guest neither shuts down nor
+/// flushes anything (a power cut as the guest sees it).
 pub fn boot(
     mut cmd: Command,
     timeout: Duration,
     log_path: &Path,
     echo: bool,
+    kill_at: Option<&str>,
 ) -> Result<BootOutcome> {
     let mut log = File::create(log_path).ctx("creating console log", log_path)?;
     let start = Instant::now();
@@ -91,6 +97,7 @@ pub fn boot(
     let mut report = ConsoleReport::default();
     let mut boot_time = None;
     let mut timed_out = false;
+    let mut killed_at_marker = false;
     loop {
         let now = Instant::now();
         if now >= deadline {
@@ -110,6 +117,11 @@ pub fn boot(
                     boot_time = Some(at - start);
                 }
                 console.push_str(&line);
+                if kill_at.is_some_and(|m| text.contains(m)) {
+                    kill(&mut child);
+                    killed_at_marker = true;
+                    break;
+                }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 timed_out = true;
@@ -148,5 +160,6 @@ pub fn boot(
         total_time,
         status,
         stderr,
+        killed_at_marker,
     })
 }

@@ -55,6 +55,8 @@ pub enum RigError {
     },
     #[error("console of the run in {log} is malformed: {reason}")]
     Console { log: PathBuf, reason: String },
+    #[error("power-cut NBD server: {0}")]
+    Nbd(#[from] crate::nbd::NbdError),
 }
 
 pub type Result<T> = std::result::Result<T, RigError>;

@@ -463,16 +463,37 @@ impl Rig {
         Ok(cmd)
     }
 
-    /// Boots the guest once and runs `cmds` in it (kernel-stage commands first, then the rest,
-    /// each group in the given order). A command's non-zero exit is reported in its
-    /// [`CmdResult`], not as an error; errors are failures of the rig or the guest's init.
-    pub fn run(&self, cmds: &[GuestCmd]) -> Result<RigRun> {
+    /// One boot in a new work directory: returns the directory, the console log's path and the
+    /// outcome.
+    fn boot(
+        &self,
+        cmds: &[GuestCmd],
+        kill_at: Option<&str>,
+    ) -> Result<(PathBuf, PathBuf, boot::BootOutcome)> {
         let workdir = new_workdir(&self.opts.cache_dir)?;
         let initrd = workdir.join("initramfs.cpio");
         self.initramfs(cmds, &initrd)?;
         let qemu = self.qemu_command(&workdir, &initrd)?;
         let log = workdir.join("console.log");
-        let outcome = boot::boot(qemu, self.opts.timeout, &log, self.opts.echo_console)?;
+        let o = &self.opts;
+        let outcome = boot::boot(qemu, o.timeout, &log, o.echo_console, kill_at)?;
+        Ok((workdir, log, outcome))
+    }
+
+    /// The work directory after a successful run: kept (and returned) if asked, else removed.
+    fn keep_or_remove(&self, workdir: PathBuf) -> Result<Option<PathBuf>> {
+        if self.opts.keep_workdir {
+            return Ok(Some(workdir));
+        }
+        fs::remove_dir_all(&workdir).ctx("removing work directory", &workdir)?;
+        Ok(None)
+    }
+
+    /// Boots the guest once and runs `cmds` in it (kernel-stage commands first, then the rest,
+    /// each group in the given order). A command's non-zero exit is reported in its
+    /// [`CmdResult`], not as an error; errors are failures of the rig or the guest's init.
+    pub fn run(&self, cmds: &[GuestCmd]) -> Result<RigRun> {
+        let (workdir, log, outcome) = self.boot(cmds, None)?;
         let r = &outcome.report;
         let tail = || boot::tail(&outcome.console);
         if let Some(reason) = &r.failure {
@@ -537,12 +558,7 @@ impl Rig {
         let boot_time = outcome
             .boot_time
             .ok_or_else(|| console_err("no RIG-INIT-START line".into()))?;
-        let kept = if self.opts.keep_workdir {
-            Some(workdir)
-        } else {
-            fs::remove_dir_all(&workdir).ctx("removing work directory", &workdir)?;
-            None
-        };
+        let kept = self.keep_or_remove(workdir)?;
         Ok(RigRun {
             commands,
             boot_time,
@@ -551,6 +567,71 @@ impl Rig {
             vfio,
             kernel_nvme: r.kernel_nvme.clone(),
             net: r.net.clone(),
+            console: outcome.console,
+            workdir: kept,
+        })
+    }
+}
+
+/// A boot that the host ended by killing QEMU at a console marker ([`Rig::run_until_marker`]).
+#[derive(Debug, Clone)]
+pub struct KilledRun {
+    /// The commands that began before the kill, in the order given; the one cut short has no
+    /// exit code.
+    pub commands: Vec<PartialCmd>,
+    /// QEMU start to the guest init's first line.
+    pub boot_time: Option<Duration>,
+    /// QEMU start to the kill.
+    pub killed_after: Duration,
+    pub kernel_nvme: Option<KernelNvme>,
+    pub console: String,
+    /// Set when the work directory was kept.
+    pub workdir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PartialCmd {
+    pub label: String,
+    pub output: String,
+    pub exit_code: Option<i32>,
+}
+
+impl Rig {
+    /// Boots the guest and runs `cmds` as [`Rig::run`] does, but kills QEMU (SIGKILL) the moment
+    /// a console line contains `marker` (e.g. a command's `echo` of it): the guest neither shuts
+    /// down nor flushes its NVMe, so whatever the storage behind the namespace held only in a
+    /// volatile cache is still unflushed. It is an error if the guest finishes, fails or times out
+    /// before the marker appears.
+    pub fn run_until_marker(&self, cmds: &[GuestCmd], marker: &str) -> Result<KilledRun> {
+        let (workdir, log, outcome) = self.boot(cmds, Some(marker))?;
+        let r = &outcome.report;
+        if !outcome.killed_at_marker {
+            let reason = match &r.failure {
+                Some(f) => format!("{f}; the marker {marker:?} never appeared"),
+                None => format!("the guest ended without printing the marker {marker:?}"),
+            };
+            return Err(RigError::GuestInit {
+                reason,
+                log,
+                tail: boot::tail(&outcome.console),
+            });
+        }
+        let commands = cmds
+            .iter()
+            .zip(&r.commands)
+            .filter(|(_, out)| out.began)
+            .map(|(cmd, out)| PartialCmd {
+                label: cmd.label(),
+                output: out.lines.iter().map(|l| format!("{l}\n")).collect(),
+                exit_code: out.exit_code,
+            })
+            .collect();
+        let kept = self.keep_or_remove(workdir)?;
+        Ok(KilledRun {
+            commands,
+            boot_time: outcome.boot_time,
+            killed_after: outcome.total_time,
+            kernel_nvme: r.kernel_nvme.clone(),
             console: outcome.console,
             workdir: kept,
         })
