@@ -12,6 +12,25 @@ use super::console::ConsoleReport;
 use super::error::{IoContext, Result, RigError};
 use super::host;
 
+/// Pulled from another thread to SIGKILL a running guest at that moment: a power cut at a moment
+/// the host chooses (the console marker form picks a moment the guest chooses).
+#[derive(Debug, Clone, Default)]
+pub struct KillSwitch(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl KillSwitch {
+    pub fn new() -> KillSwitch {
+        KillSwitch::default()
+    }
+
+    pub fn pull(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_pulled(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 pub struct BootOutcome {
     pub console: String,
     pub report: ConsoleReport,
@@ -51,6 +70,7 @@ pub fn boot(
     log_path: &Path,
     echo: bool,
     kill_at: Option<&str>,
+    switch: Option<&KillSwitch>,
 ) -> Result<BootOutcome> {
     let mut log = File::create(log_path).ctx("creating console log", log_path)?;
     let start = Instant::now();
@@ -104,7 +124,17 @@ pub fn boot(
             timed_out = true;
             break;
         }
-        match rx.recv_timeout(deadline - now) {
+        if switch.is_some_and(|k| k.is_pulled()) {
+            kill(&mut child);
+            killed_at_marker = true;
+            break;
+        }
+        // With a kill switch, look at it every few milliseconds even when the console is quiet.
+        let wait = match switch {
+            Some(_) => (deadline - now).min(Duration::from_millis(5)),
+            None => deadline - now,
+        };
+        match rx.recv_timeout(wait) {
             Ok((at, line)) => {
                 log.write_all(line.as_bytes())
                     .ctx("writing console log", log_path)?;
@@ -123,6 +153,8 @@ pub fn boot(
                     break;
                 }
             }
+            Err(mpsc::RecvTimeoutError::Timeout)
+                if switch.is_some() && Instant::now() < deadline => {}
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 timed_out = true;
                 break;

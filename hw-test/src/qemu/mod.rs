@@ -25,6 +25,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub use boot::KillSwitch;
 pub use console::{KernelNvme, VfioBinding};
 pub use error::{Result, RigError};
 pub use init::{Stage, GUEST_IP, PLACEHOLDERS};
@@ -469,6 +470,7 @@ impl Rig {
         &self,
         cmds: &[GuestCmd],
         kill_at: Option<&str>,
+        switch: Option<&KillSwitch>,
     ) -> Result<(PathBuf, PathBuf, boot::BootOutcome)> {
         let workdir = new_workdir(&self.opts.cache_dir)?;
         let initrd = workdir.join("initramfs.cpio");
@@ -476,7 +478,7 @@ impl Rig {
         let qemu = self.qemu_command(&workdir, &initrd)?;
         let log = workdir.join("console.log");
         let o = &self.opts;
-        let outcome = boot::boot(qemu, o.timeout, &log, o.echo_console, kill_at)?;
+        let outcome = boot::boot(qemu, o.timeout, &log, o.echo_console, kill_at, switch)?;
         Ok((workdir, log, outcome))
     }
 
@@ -493,7 +495,7 @@ impl Rig {
     /// each group in the given order). A command's non-zero exit is reported in its
     /// [`CmdResult`], not as an error; errors are failures of the rig or the guest's init.
     pub fn run(&self, cmds: &[GuestCmd]) -> Result<RigRun> {
-        let (workdir, log, outcome) = self.boot(cmds, None)?;
+        let (workdir, log, outcome) = self.boot(cmds, None, None)?;
         let r = &outcome.report;
         let tail = || boot::tail(&outcome.console);
         if let Some(reason) = &r.failure {
@@ -603,7 +605,20 @@ impl Rig {
     /// volatile cache is still unflushed. It is an error if the guest finishes, fails or times out
     /// before the marker appears.
     pub fn run_until_marker(&self, cmds: &[GuestCmd], marker: &str) -> Result<KilledRun> {
-        let (workdir, log, outcome) = self.boot(cmds, Some(marker))?;
+        self.run_until_killed(cmds, Some(marker), None)
+    }
+
+    /// [`Rig::run_until_marker`] where the kill also comes when `switch` is pulled (from another
+    /// thread, at a moment the host picks), whichever is first. With no marker, only the switch
+    /// ends the run.
+    pub fn run_until_killed(
+        &self,
+        cmds: &[GuestCmd],
+        marker: Option<&str>,
+        switch: Option<&KillSwitch>,
+    ) -> Result<KilledRun> {
+        let (workdir, log, outcome) = self.boot(cmds, marker, switch)?;
+        let marker = marker.unwrap_or("(kill switch)");
         let r = &outcome.report;
         if !outcome.killed_at_marker {
             let reason = match &r.failure {
