@@ -2,6 +2,7 @@
 
 mod bench;
 mod devspec;
+mod serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -20,6 +21,8 @@ enum Command {
     /// percentiles, flushes/s, records per flush and write amplification, next to the device's own
     /// write+flush latency measured in the same run.
     Bench(bench::BenchArgs),
+    /// Serve Kafka clients (the Kafka protocol frontend) over a device.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> Result<()> {
@@ -33,5 +36,6 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench(a) => bench::run(a),
+        Command::Serve(a) => serve::run(a),
     }
 }
