@@ -224,7 +224,7 @@ pub fn init_producer_id(b: &Arc<Broker>, ctx: &Ctx, req: InitProducerIdRequest) 
         let mut resp = InitProducerIdResponse::default();
         resp.producer_id = kafka_protocol::messages::ProducerId(-1);
         resp.producer_epoch = -1;
-        if req.transactional_id.is_some() {
+        if req.transactional_id.as_ref().is_some_and(|t| !t.is_empty()) {
             resp.error_code = codes::INVALID_REQUEST;
         } else {
             match b.new_producer_id().await {

@@ -178,48 +178,9 @@ pub(crate) mod tests {
 
     /// A valid uncompressed batch of `n` records with the given producer fields.
     pub fn make_batch(n: i32, pid: i64, epoch: i16, seq: i32, value_len: usize) -> Vec<u8> {
-        let mut records = Vec::new();
-        for i in 0..n {
-            let mut r = Vec::new();
-            r.push(0u8); // attributes
-            zigzag(&mut r, 0); // timestamp delta
-            zigzag(&mut r, i64::from(i)); // offset delta
-            zigzag(&mut r, -1); // key length (null)
-            zigzag(&mut r, value_len as i64);
-            r.extend(std::iter::repeat_n(b'v', value_len));
-            zigzag(&mut r, 0); // headers
-            zigzag(&mut records, r.len() as i64);
-            records.extend(r);
-        }
-        let mut b = Vec::new();
-        b.extend(0i64.to_be_bytes());
-        b.extend(0i32.to_be_bytes()); // length, patched below
-        b.extend((-1i32).to_be_bytes());
-        b.push(2);
-        b.extend(0u32.to_be_bytes()); // crc, patched below
-        b.extend(0i16.to_be_bytes());
-        b.extend((n - 1).to_be_bytes());
-        b.extend(1000i64.to_be_bytes());
-        b.extend(1000i64.to_be_bytes());
-        b.extend(pid.to_be_bytes());
-        b.extend(epoch.to_be_bytes());
-        b.extend(seq.to_be_bytes());
-        b.extend(n.to_be_bytes());
-        b.extend(records);
-        let len = (b.len() - 12) as i32;
-        b[8..12].copy_from_slice(&len.to_be_bytes());
-        let crc = crc32c::crc32c(&b[CRC_START..]);
-        b[17..21].copy_from_slice(&crc.to_be_bytes());
-        b
-    }
-
-    fn zigzag(out: &mut Vec<u8>, v: i64) {
-        let mut z = ((v << 1) ^ (v >> 63)) as u64;
-        while z >= 0x80 {
-            out.push((z as u8) | 0x80);
-            z >>= 7;
-        }
-        out.push(z as u8);
+        let v = vec![b'v'; value_len];
+        let values: Vec<&[u8]> = (0..n).map(|_| v.as_slice()).collect();
+        crate::client::record_batch(&values, Some((pid, epoch, seq)))
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod batch;
 pub mod broker;
+pub mod client;
 pub mod codes;
 pub mod conn;
 pub mod fetch;
