@@ -381,8 +381,12 @@ impl Broker {
 
     /// (start offset, durable end) of a partition.
     pub fn bounds(&self, partition: u32) -> Option<(u64, u64)> {
+        // Straight from the shared state: `Log::partition` copies the partition's whole index.
         self.log
-            .partition(partition)
+            .shared()
+            .lock()
+            .partitions
+            .get(&partition)
             .map(|v| (v.start_offset, v.durable_end))
     }
 }
@@ -399,11 +403,17 @@ fn scan(
     partition: u32,
     mut f: impl FnMut(&Record) -> Result<(), FrontendError>,
 ) -> Result<(), FrontendError> {
-    let Some(view) = log.partition(partition) else {
+    let Some((start, end)) = log
+        .shared()
+        .lock()
+        .partitions
+        .get(&partition)
+        .map(|v| (v.start_offset, v.durable_end))
+    else {
         return Ok(());
     };
-    let mut next = view.start_offset;
-    while next < view.durable_end {
+    let mut next = start;
+    while next < end {
         let recs = match log.read(partition, next, 4 << 20) {
             Ok(r) => r,
             // Retention freed the head meanwhile: go on from what is retained now.

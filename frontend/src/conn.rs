@@ -90,7 +90,8 @@ pub enum Refusal {
 pub async fn serve(broker: Arc<Broker>, stream: TcpStream) {
     let peer = stream.peer_addr().ok();
     let _ = stream.set_nodelay(true);
-    let (mut rd, wr) = stream.into_split();
+    let (rd, wr) = stream.into_split();
+    let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
     let (tx, mut rx) = mpsc::channel::<Reply>(broker.cfg.max_in_flight_per_connection.max(1));
     let writer = tokio::spawn(async move {
         let mut wr = BufWriter::with_capacity(64 << 10, wr);

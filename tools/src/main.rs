@@ -2,6 +2,7 @@
 
 mod bench;
 mod devspec;
+mod kafka_bench;
 mod serve;
 
 use anyhow::Result;
@@ -23,6 +24,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve Kafka clients (the Kafka protocol frontend) over a device.
     Serve(serve::ServeArgs),
+    /// Measure the Kafka frontend: producers speaking the protocol, acks=all.
+    KafkaBench(kafka_bench::KafkaBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -37,5 +40,6 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::KafkaBench(a) => kafka_bench::run(a),
     }
 }
