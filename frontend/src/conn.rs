@@ -112,11 +112,8 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream) {
         let _ = wr.flush().await;
     });
     let max = broker.cfg.max_frame;
-    loop {
-        let len = match rd.read_i32().await {
-            Ok(l) => i64::from(l),
-            Err(_) => break,
-        };
+    while let Ok(len) = rd.read_i32().await {
+        let len = i64::from(len);
         if len < 8 || len as u64 > max as u64 {
             let r = if len < 8 {
                 Refusal::Short(len.max(0) as usize)

@@ -13,10 +13,13 @@ pub struct Committed {
     pub metadata: Option<String>,
 }
 
-/// group → (topic, partition) → committed.
+/// (topic, partition) → committed, for one group.
+type GroupOffsets = HashMap<(String, i32), Committed>;
+
+/// group → its offsets.
 #[derive(Debug, Default)]
 pub struct Offsets {
-    map: Mutex<HashMap<String, HashMap<(String, i32), Committed>>>,
+    map: Mutex<HashMap<String, GroupOffsets>>,
 }
 
 impl Offsets {
