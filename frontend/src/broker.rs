@@ -140,10 +140,17 @@ impl Broker {
                 offset: r.offset,
                 what,
             })? {
-                MetaRecord::DeleteTopic { name } => *incarnation.entry(name).or_default() += 1,
+                MetaRecord::DeleteTopic {
+                    name,
+                    incarnation: k,
+                } => {
+                    let e = incarnation.entry(name).or_default();
+                    *e = (*e).max(k);
+                }
                 MetaRecord::ProducerId { id } => next_pid = next_pid.max(id + 1),
                 MetaRecord::Generation { group, generation } => {
-                    generations.insert(group, generation);
+                    let e = generations.entry(group).or_insert(generation);
+                    *e = (*e).max(generation);
                 }
                 MetaRecord::Commits { .. } => {}
             }
@@ -244,6 +251,11 @@ impl Broker {
 
     pub fn log(&self) -> &Arc<Log> {
         &self.log
+    }
+
+    /// Committed offsets as the broker serves them.
+    pub fn offsets(&self) -> &Offsets {
+        &self.offsets
     }
 
     /// Queues an append in the caller's order; the returned receiver resolves once it is durable
@@ -352,16 +364,18 @@ impl Broker {
         if !self.topics().map.contains_key(name) {
             return Ok(false);
         }
+        let incarnation = self.topics().incarnation.get(name).copied().unwrap_or(0) + 1;
         self.append_meta(
             self.meta_partition,
             &MetaRecord::DeleteTopic {
                 name: name.to_string(),
+                incarnation,
             },
         )
         .await?;
         let mut t = self.topics();
         t.map.remove(name);
-        *t.incarnation.entry(name.to_string()).or_default() += 1;
+        t.incarnation.insert(name.to_string(), incarnation);
         tracing::info!(topic = name, "topic deleted");
         Ok(true)
     }
@@ -377,6 +391,61 @@ impl Broker {
         self.append_meta(self.meta_partition, &MetaRecord::ProducerId { id })
             .await?;
         Ok(id)
+    }
+
+    /// Re-records the state replayed from the internal partitions (tombstones, the producer-id
+    /// high mark, group generations, every committed offset) at the tail of the log. The log
+    /// frees its oldest data when the ring is full; taking a snapshot every quarter ring keeps
+    /// the newest one of each inside what is retained. Replaying it again changes nothing.
+    pub async fn snapshot(&self) -> Result<(), LogError> {
+        let mut meta: Vec<MetaRecord> = self
+            .topics()
+            .incarnation
+            .iter()
+            .map(|(name, &incarnation)| MetaRecord::DeleteTopic {
+                name: name.clone(),
+                incarnation,
+            })
+            .collect();
+        let next = *lock(&self.next_producer_id);
+        if next > 0 {
+            meta.push(MetaRecord::ProducerId { id: next - 1 });
+        }
+        meta.extend(
+            self.groups
+                .generations()
+                .into_iter()
+                .map(|(group, generation)| MetaRecord::Generation { group, generation }),
+        );
+        let mut waits = Vec::new();
+        for r in &meta {
+            waits.push(self.append(self.meta_partition, r.encode(), 1).await?);
+        }
+        // A group's commits go in records that fit the log's largest payload.
+        let per_record = (self.log.max_payload() / 600).max(1);
+        for group in self.offsets.groups() {
+            for chunk in self.offsets.all(&group).chunks(per_record) {
+                let commits = chunk
+                    .iter()
+                    .map(|((topic, partition), c)| crate::meta::Commit {
+                        topic: topic.clone(),
+                        partition: *partition,
+                        offset: c.offset,
+                        leader_epoch: c.leader_epoch,
+                        metadata: c.metadata.clone(),
+                    })
+                    .collect();
+                let rec = MetaRecord::Commits {
+                    group: group.clone(),
+                    commits,
+                };
+                waits.push(self.append(self.offsets_partition, rec.encode(), 1).await?);
+            }
+        }
+        for w in waits {
+            w.await.map_err(|_| LogError::Shutdown)??;
+        }
+        Ok(())
     }
 
     /// (start offset, durable end) of a partition.

@@ -469,9 +469,15 @@ impl Groups {
         }
     }
 
-    /// The generation a group is at, for tests and recording.
-    pub fn generation(&self, group: &str) -> Option<i32> {
-        lock(&self.groups).get(group).map(|g| g.generation)
+    /// Every group's generation: the live ones, and those only replayed.
+    pub fn generations(&self) -> Vec<(String, i32)> {
+        let mut all = self.replayed.clone();
+        for (name, g) in lock(&self.groups).iter() {
+            all.insert(name.clone(), g.generation);
+        }
+        let mut v: Vec<_> = all.into_iter().collect();
+        v.sort();
+        v
     }
 }
 

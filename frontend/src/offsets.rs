@@ -45,6 +45,12 @@ impl Offsets {
             .cloned()
     }
 
+    pub fn groups(&self) -> Vec<String> {
+        let mut v: Vec<String> = lock(&self.map).keys().cloned().collect();
+        v.sort();
+        v
+    }
+
     /// Every committed (topic, partition) of a group, sorted.
     pub fn all(&self, group: &str) -> Vec<((String, i32), Committed)> {
         let mut v: Vec<_> = lock(&self.map)
