@@ -134,39 +134,25 @@ impl Broker {
         let mut incarnation: HashMap<String, u32> = HashMap::new();
         let mut next_pid = 0i64;
         let mut generations: HashMap<String, i32> = HashMap::new();
-        scan(&log, meta_partition, |r| {
-            match MetaRecord::decode(&r.payload).map_err(|what| FrontendError::Meta {
-                topic: META_TOPIC,
-                offset: r.offset,
-                what,
-            })? {
-                MetaRecord::DeleteTopic {
-                    name,
-                    incarnation: k,
-                } => {
-                    let e = incarnation.entry(name).or_default();
-                    *e = (*e).max(k);
-                }
-                MetaRecord::ProducerId { id } => next_pid = next_pid.max(id + 1),
-                MetaRecord::Generation { group, generation } => {
-                    let e = generations.entry(group).or_insert(generation);
-                    *e = (*e).max(generation);
-                }
-                MetaRecord::Commits { .. } => {}
+        scan_meta(&log, meta_partition, META_TOPIC, |rec| match rec {
+            MetaRecord::DeleteTopic {
+                name,
+                incarnation: k,
+            } => {
+                let e = incarnation.entry(name).or_default();
+                *e = (*e).max(k);
             }
-            Ok(())
+            MetaRecord::ProducerId { id } => next_pid = next_pid.max(id + 1),
+            MetaRecord::Generation { group, generation } => {
+                let e = generations.entry(group).or_insert(generation);
+                *e = (*e).max(generation);
+            }
+            MetaRecord::Commits { .. } => {}
         })?;
         let offsets = Arc::new(Offsets::default());
-        scan(&log, offsets_partition, |r| {
-            match MetaRecord::decode(&r.payload).map_err(|what| FrontendError::Meta {
-                topic: OFFSETS_TOPIC,
-                offset: r.offset,
-                what,
-            })? {
-                MetaRecord::Commits { group, commits } => offsets.apply(&group, &commits),
-                other => tracing::warn!(?other, "unexpected record in {OFFSETS_TOPIC}"),
-            }
-            Ok(())
+        scan_meta(&log, offsets_partition, OFFSETS_TOPIC, |rec| match rec {
+            MetaRecord::Commits { group, commits } => offsets.apply(&group, &commits),
+            other => tracing::warn!(?other, "unexpected record in {OFFSETS_TOPIC}"),
         })?;
 
         let mut topics = Topics {
@@ -506,6 +492,24 @@ fn scan(
         }
     }
     Ok(())
+}
+
+/// Replays one internal partition's records.
+fn scan_meta(
+    log: &Log,
+    partition: u32,
+    topic: &'static str,
+    mut f: impl FnMut(MetaRecord),
+) -> Result<(), FrontendError> {
+    scan(log, partition, |r| {
+        let rec = MetaRecord::decode(&r.payload).map_err(|what| FrontendError::Meta {
+            topic,
+            offset: r.offset,
+            what,
+        })?;
+        f(rec);
+        Ok(())
+    })
 }
 
 /// Bridges the log's condition variable to a tokio watch: long-polling fetches wait on it.

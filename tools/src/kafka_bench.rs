@@ -258,11 +258,11 @@ pub fn run(args: KafkaBenchArgs) -> Result<()> {
             )
             .await?;
             let per_flush = match (before, log_handle.as_ref().map(|l| l.stats())) {
-                (Some(b), Some(a)) => format!(
+                (Some(b), Some(a)) if a.flushes > b.flushes => format!(
                     "{:.1}",
-                    (a.appends_acked - b.appends_acked) as f64
-                        / (a.flushes - b.flushes).max(1) as f64
+                    (a.appends_acked - b.appends_acked) as f64 / (a.flushes - b.flushes) as f64
                 ),
+                // No flushes (a device without a volatile cache) or an external broker.
                 _ => "-".into(),
             };
             println!(
