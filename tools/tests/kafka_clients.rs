@@ -48,6 +48,10 @@ struct Server {
 
 impl Server {
     fn start(device: &str) -> Server {
+        Server::start_with(device, &[])
+    }
+
+    fn start_with(device: &str, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nvmq"))
             .args([
                 "serve",
@@ -58,6 +62,7 @@ impl Server {
                 "--size",
                 "256M",
             ])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -234,6 +239,29 @@ fn group_rebalances_when_a_member_leaves_and_offsets_survive_a_restart() {
         again.trim(),
         committed.trim(),
         "committed offsets changed across a clean restart"
+    );
+}
+
+/// librdkafka's own integration suite (from the rdkafka-sys crate source), the allow-listed tests
+/// in tests/clients/librdkafka.allow. Topics auto-create with 4 partitions, as the suite assumes.
+#[test]
+fn librdkafka_test_suite_allow_list_passes() {
+    python(); // the same setup installs kcat's librdkafka; the suite builds its own
+    let s = Server::start_with(
+        "sim:capacity=1G,flush=500us",
+        &["--default-partitions", "4"],
+    );
+    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("librdkafka");
+    let st = Command::new("bash")
+        .arg(clients_dir().join("librdkafka.sh"))
+        .arg(&work)
+        .arg(&s.addr)
+        .status()
+        .expect("running tests/clients/librdkafka.sh");
+    assert!(
+        st.success(),
+        "librdkafka tests failed (logs under {})",
+        work.display()
     );
 }
 
