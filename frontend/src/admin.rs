@@ -23,6 +23,8 @@ use crate::versions::TABLE;
 /// The node id nvmq answers as (a single broker).
 pub const NODE_ID: i32 = 0;
 const CLUSTER_ID: &str = "nvmq";
+/// Partitions one CreateTopics may ask for per topic: each is created durably (a flush apiece).
+const MAX_PARTITIONS: u32 = 1000;
 
 fn versions_body(error: i16) -> ApiVersionsResponse {
     let mut r = ApiVersionsResponse::default();
@@ -138,7 +140,7 @@ pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest)
         } else {
             u32::try_from(t.num_partitions)
                 .ok()
-                .filter(|&p| p > 0 && p <= 10_000)
+                .filter(|&p| p > 0 && p <= MAX_PARTITIONS)
                 .ok_or(())
         };
         let (code, msg) = if !valid_topic_name(&n) {
