@@ -29,6 +29,9 @@ pub struct Config {
     pub max_frame: usize,
     /// Requests one connection may have decoded but not yet answered.
     pub max_in_flight_per_connection: usize,
+    /// A connection with nothing in flight that sends nothing for this long is closed (Kafka's
+    /// connections.max.idle.ms); it also bounds a client that stops halfway through a frame.
+    pub idle_timeout: std::time::Duration,
 }
 
 impl Default for Config {
@@ -40,6 +43,7 @@ impl Default for Config {
             default_partitions: 1,
             max_frame: 64 << 20,
             max_in_flight_per_connection: 1024,
+            idle_timeout: Duration::from_secs(600),
         }
     }
 }

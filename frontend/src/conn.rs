@@ -136,7 +136,8 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream) {
             return;
         }
         let reading = !eof && pending.len() < max_in_flight;
-        let event = std::future::poll_fn(|cx| {
+        let idle = pending.is_empty() && !unflushed;
+        let next = std::future::poll_fn(|cx| {
             if let Some(front) = pending.front_mut() {
                 if let Poll::Ready(o) = front.as_mut().poll(cx) {
                     return Poll::Ready(Event::Answer(o));
@@ -154,8 +155,18 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream) {
                 return Poll::Ready(Event::Idle);
             }
             Poll::Pending
-        })
-        .await;
+        });
+        let event = if idle {
+            match tokio::time::timeout(broker.cfg.idle_timeout, next).await {
+                Ok(e) => e,
+                Err(_) => {
+                    tracing::info!(?peer, "closing an idle connection");
+                    return;
+                }
+            }
+        } else {
+            next.await
+        };
         match event {
             Event::Answer(o) => {
                 pending.pop_front();

@@ -302,3 +302,26 @@ async fn bad_frames_close_only_their_own_connection() {
         0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_or_stalled_connection_is_closed() {
+    let (addr, _b) = common::serve(frontend::Config {
+        idle_timeout: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await;
+    let mut idle = Client::connect(addr, "idle").await.unwrap();
+    idle.call(3, &ApiVersionsRequest::default()).await.unwrap();
+    // Half a frame, then nothing.
+    let mut stalled = Client::connect(addr, "stalled").await.unwrap();
+    stalled.send_raw(&[0, 0, 0, 40, 0, 18]).await.unwrap();
+    let t = Instant::now();
+    assert!(closed(&mut idle).await, "idle connection left open");
+    assert!(closed(&mut stalled).await, "stalled connection left open");
+    assert!(t.elapsed() >= Duration::from_millis(200));
+    // A busy connection is not idle: a long poll longer than the idle timeout is answered.
+    let mut busy = Client::connect(addr, "busy").await.unwrap();
+    create(&mut busy, "idle-t").await;
+    let f = busy.call(11, &fetch("idle-t", 0, 600, 1)).await.unwrap();
+    assert_eq!(f.responses[0].partitions[0].error_code, 0);
+}
