@@ -266,6 +266,9 @@ pub async fn start(broker: &Arc<Broker>, mut frame: Bytes) -> Result<Reply, Refu
         ApiKey::ListOffsets => fetch::list_offsets(b, &ctx, decode(&ctx, &mut frame)?),
         ApiKey::CreateTopics => admin::create_topics(b, &ctx, decode(&ctx, &mut frame)?).await,
         ApiKey::DeleteTopics => admin::delete_topics(b, &ctx, decode(&ctx, &mut frame)?).await,
+        ApiKey::CreatePartitions => {
+            admin::create_partitions(b, &ctx, decode(&ctx, &mut frame)?).await
+        }
         ApiKey::FindCoordinator => admin::find_coordinator(b, &ctx, decode(&ctx, &mut frame)?),
         ApiKey::InitProducerId => admin::init_producer_id(b, &ctx, decode(&ctx, &mut frame)?),
         ApiKey::JoinGroup => group_api::join(b, &ctx, decode(&ctx, &mut frame)?),

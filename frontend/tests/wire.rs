@@ -325,3 +325,39 @@ async fn an_idle_or_stalled_connection_is_closed() {
     let f = busy.call(11, &fetch("idle-t", 0, 600, 1)).await.unwrap();
     assert_eq!(f.responses[0].partitions[0].error_code, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_partitions_grows_a_topic_and_refuses_to_shrink_it() {
+    use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
+    use kafka_protocol::messages::CreatePartitionsRequest;
+    let (addr, b) = common::serve(Default::default()).await;
+    let mut c = Client::connect(addr, "t").await.unwrap();
+    create(&mut c, "grow").await;
+    let req = |t: &str, count: i32| {
+        let mut pt = CreatePartitionsTopic::default();
+        pt.name = topic(t);
+        pt.count = count;
+        pt.assignments = None;
+        let mut r = CreatePartitionsRequest::default();
+        r.topics = vec![pt];
+        r.timeout_ms = 5000;
+        r
+    };
+    let code = |r: kafka_protocol::messages::CreatePartitionsResponse| r.results[0].error_code;
+    assert_eq!(code(c.call(1, &req("grow", 3)).await.unwrap()), 0);
+    assert_eq!(b.topics().map["grow"].len(), 3);
+    assert_eq!(
+        code(c.call(1, &req("grow", 2)).await.unwrap()),
+        codes::INVALID_PARTITIONS
+    );
+    assert_eq!(
+        code(c.call(1, &req("nope", 2)).await.unwrap()),
+        codes::UNKNOWN_TOPIC_OR_PARTITION
+    );
+    // The new partition takes data.
+    let r = c
+        .call(7, &produce("grow", 2, record_batch(&[b"x"], None), -1))
+        .await
+        .unwrap();
+    assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+}
