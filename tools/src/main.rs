@@ -9,13 +9,14 @@ mod devspec;
 mod examined;
 mod inspect;
 mod logging;
-#[allow(dead_code)] // Used by `nvmq serve` (another branch); tested here.
 mod metrics;
 mod mkfs;
 mod plot;
 mod progress;
 mod readonly;
 mod verify;
+mod kafka_bench;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -67,6 +68,10 @@ enum Command {
     /// the process mid-load, reopen; prints the open time and bytes scanned, and when the index
     /// below the recovery point (rebuilt in the background) is ready.
     BenchRecovery(bench_recovery::BenchRecoveryArgs),
+    /// Serve Kafka clients (the Kafka protocol frontend) over a device.
+    Serve(serve::ServeArgs),
+    /// Measure the Kafka frontend: producers speaking the protocol, acks=all.
+    KafkaBench(kafka_bench::KafkaBenchArgs),
 }
 
 /// How a command that ran to the end judged what it saw.
@@ -110,6 +115,8 @@ fn main() -> ExitCode {
         Command::CheckStorage(a) => check_storage::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchRecovery(a) => bench_recovery::run(a).map(|()| Status::Ok),
+        Command::Serve(a) => serve::run(a).map(|()| Status::Ok),
+        Command::KafkaBench(a) => kafka_bench::run(a).map(|()| Status::Ok),
     };
     match result {
         Ok(s) => ExitCode::from(s.code()),
