@@ -1,2 +1,50 @@
-//! The Kafka protocol frontend. Nothing here yet: the server is the subject of a later issue, and
-//! this crate exposes nothing until it works.
+//! nvmq's Kafka protocol frontend: a tokio TCP server that speaks the Kafka wire protocol (a
+//! subset: see `versions::TABLE`) over the shared log. Produced RecordBatches are stored whole as
+//! log records spanning their messages; acks go out only after the flush that covers them.
+
+pub mod admin;
+pub mod batch;
+pub mod broker;
+pub mod client;
+pub mod codes;
+pub mod conn;
+pub mod fetch;
+pub mod group_api;
+pub mod groups;
+pub mod meta;
+pub mod offsets;
+pub mod produce;
+pub mod producers;
+pub mod server;
+pub mod shape;
+pub mod versions;
+
+pub use broker::{Broker, Config};
+pub use server::serve;
+
+use nvmq_log::LogError;
+
+/// What can stop the frontend from starting or serving.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontendError {
+    #[error("log error while {op}: {source}")]
+    Log {
+        op: &'static str,
+        #[source]
+        source: LogError,
+    },
+    #[error("internal record at offset {offset} of {topic} is unreadable: {what}")]
+    Meta {
+        topic: &'static str,
+        offset: u64,
+        what: String,
+    },
+    #[error("could not start a thread: {0}")]
+    Thread(String),
+    #[error("network error while {op}: {source}")]
+    Io {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -15,6 +15,7 @@ mod mkfs;
 mod plot;
 mod progress;
 mod readonly;
+mod serve;
 mod verify;
 
 use std::process::ExitCode;
@@ -67,6 +68,8 @@ enum Command {
     /// the process mid-load, reopen; prints the open time and bytes scanned, and when the index
     /// below the recovery point (rebuilt in the background) is ready.
     BenchRecovery(bench_recovery::BenchRecoveryArgs),
+    /// Serve Kafka clients (the Kafka protocol frontend) over a device.
+    Serve(serve::ServeArgs),
 }
 
 /// How a command that ran to the end judged what it saw.
@@ -110,6 +113,7 @@ fn main() -> ExitCode {
         Command::CheckStorage(a) => check_storage::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchRecovery(a) => bench_recovery::run(a).map(|()| Status::Ok),
+        Command::Serve(a) => serve::run(a).map(|()| Status::Ok),
     };
     match result {
         Ok(s) => ExitCode::from(s.code()),

@@ -1,0 +1,243 @@
+//! ApiVersions, Metadata, CreateTopics, DeleteTopics, FindCoordinator, InitProducerId.
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
+use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::{
+    ApiVersionsResponse, BrokerId, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest,
+    DeleteTopicsResponse, FindCoordinatorRequest, FindCoordinatorResponse, InitProducerIdRequest,
+    InitProducerIdResponse, MetadataRequest, MetadataResponse, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::broker::{valid_topic_name, Broker};
+use crate::codes;
+use crate::conn::{Ctx, Reply};
+use crate::versions::TABLE;
+
+/// The node id nvmq answers as (a single broker).
+pub const NODE_ID: i32 = 0;
+const CLUSTER_ID: &str = "nvmq";
+
+fn versions_body(error: i16) -> ApiVersionsResponse {
+    let mut r = ApiVersionsResponse::default();
+    r.error_code = error;
+    r.api_keys = TABLE
+        .iter()
+        .map(|a| {
+            let mut v = ApiVersion::default();
+            v.api_key = a.key as i16;
+            v.min_version = a.min;
+            v.max_version = a.max;
+            v
+        })
+        .collect();
+    r
+}
+
+pub fn api_versions(ctx: &Ctx) -> Reply {
+    ctx.ready(&versions_body(codes::NONE))
+}
+
+/// The answer to an ApiVersions version nvmq does not serve: UNSUPPORTED_VERSION in a v0 body.
+pub fn api_versions_unsupported(ctx: &Ctx) -> Reply {
+    ctx.ready(&versions_body(codes::UNSUPPORTED_VERSION))
+}
+
+fn name(s: &str) -> TopicName {
+    TopicName(StrBytes::from_string(s.to_string()))
+}
+
+pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply {
+    let requested: Option<Vec<String>> = match req.topics {
+        // v0: an empty list means every topic.
+        Some(t) if t.is_empty() && ctx.version == 0 => None,
+        Some(t) => Some(
+            t.into_iter()
+                .filter_map(|t| t.name.map(|n| n.as_str().to_string()))
+                .collect(),
+        ),
+        None => None,
+    };
+    let may_create = b.cfg.auto_create_topics && (ctx.version < 4 || req.allow_auto_topic_creation);
+    let names: Vec<(String, i16)> = match requested {
+        None => b
+            .topics()
+            .map
+            .keys()
+            .map(|n| (n.clone(), codes::NONE))
+            .collect(),
+        Some(list) => {
+            let mut out = Vec::new();
+            for n in list {
+                let exists = b.topics().map.contains_key(&n);
+                let code = if exists {
+                    codes::NONE
+                } else if !valid_topic_name(&n) {
+                    codes::INVALID_TOPIC_EXCEPTION
+                } else if may_create {
+                    match b.create_topic(&n, b.cfg.default_partitions).await {
+                        Ok(_) => codes::NONE,
+                        Err(e) => {
+                            tracing::warn!(topic = %n, error = %e, "auto-creating a topic failed");
+                            codes::KAFKA_STORAGE_ERROR
+                        }
+                    }
+                } else {
+                    codes::UNKNOWN_TOPIC_OR_PARTITION
+                };
+                out.push((n, code));
+            }
+            out
+        }
+    };
+    let mut resp = MetadataResponse::default();
+    let mut broker = MetadataResponseBroker::default();
+    broker.node_id = BrokerId(NODE_ID);
+    broker.host = StrBytes::from_string(b.cfg.advertise_host.clone());
+    broker.port = b.cfg.advertise_port;
+    resp.brokers = vec![broker];
+    if ctx.version >= 2 {
+        resp.cluster_id = Some(StrBytes::from_static_str(CLUSTER_ID));
+    }
+    resp.controller_id = BrokerId(if ctx.version >= 1 { NODE_ID } else { -1 });
+    let topics = b.topics();
+    for (n, code) in names {
+        let mut t = MetadataResponseTopic::default();
+        t.name = Some(name(&n));
+        t.error_code = code;
+        if code == codes::NONE {
+            let count = topics.map.get(&n).map_or(0, |p| p.len());
+            for i in 0..count {
+                let mut p = MetadataResponsePartition::default();
+                p.partition_index = i as i32;
+                p.leader_id = BrokerId(NODE_ID);
+                p.replica_nodes = vec![BrokerId(NODE_ID)];
+                p.isr_nodes = vec![BrokerId(NODE_ID)];
+                t.partitions.push(p);
+            }
+        }
+        resp.topics.push(t);
+    }
+    ctx.ready(&resp)
+}
+
+pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest) -> Reply {
+    let mut resp = CreateTopicsResponse::default();
+    for t in req.topics {
+        let n = t.name.as_str().to_string();
+        let mut r = CreatableTopicResult::default();
+        r.name = t.name.clone();
+        let partitions = if t.num_partitions == -1 {
+            Ok(b.cfg.default_partitions)
+        } else {
+            u32::try_from(t.num_partitions)
+                .ok()
+                .filter(|&p| p > 0 && p <= 10_000)
+                .ok_or(())
+        };
+        let (code, msg) = if !valid_topic_name(&n) {
+            (
+                codes::INVALID_TOPIC_EXCEPTION,
+                format!("topic name {n:?} is not valid"),
+            )
+        } else if !t.assignments.is_empty() || !matches!(t.replication_factor, -1 | 1) {
+            (
+                codes::INVALID_REPLICATION_FACTOR,
+                "a single broker holds one replica of each partition".to_string(),
+            )
+        } else if let Err(()) = partitions {
+            (
+                codes::INVALID_PARTITIONS,
+                format!("{} partitions", t.num_partitions),
+            )
+        } else if b.topics().map.contains_key(&n) {
+            (
+                codes::TOPIC_ALREADY_EXISTS,
+                format!("topic {n:?} already exists"),
+            )
+        } else if req.validate_only {
+            (codes::NONE, String::new())
+        } else {
+            match b.create_topic(&n, partitions.unwrap_or(1)).await {
+                Ok(true) => (codes::NONE, String::new()),
+                Ok(false) => (
+                    codes::TOPIC_ALREADY_EXISTS,
+                    format!("topic {n:?} already exists"),
+                ),
+                Err(e) => (codes::KAFKA_STORAGE_ERROR, e.to_string()),
+            }
+        };
+        r.error_code = code;
+        if code != codes::NONE && ctx.version >= 1 {
+            r.error_message = Some(StrBytes::from_string(msg));
+        }
+        resp.topics.push(r);
+    }
+    ctx.ready(&resp)
+}
+
+pub async fn delete_topics(b: &Arc<Broker>, ctx: &Ctx, req: DeleteTopicsRequest) -> Reply {
+    let mut resp = DeleteTopicsResponse::default();
+    for t in req.topic_names {
+        let mut r = DeletableTopicResult::default();
+        r.name = Some(t.clone());
+        r.error_code = match b.delete_topic(t.as_str()).await {
+            Ok(true) => codes::NONE,
+            Ok(false) => codes::UNKNOWN_TOPIC_OR_PARTITION,
+            Err(e) => {
+                tracing::warn!(topic = t.as_str(), error = %e, "deleting a topic failed");
+                codes::KAFKA_STORAGE_ERROR
+            }
+        };
+        resp.responses.push(r);
+    }
+    ctx.ready(&resp)
+}
+
+pub fn find_coordinator(b: &Arc<Broker>, ctx: &Ctx, req: FindCoordinatorRequest) -> Reply {
+    let mut resp = FindCoordinatorResponse::default();
+    if req.key_type != 0 {
+        resp.error_code = codes::COORDINATOR_NOT_AVAILABLE;
+        resp.node_id = BrokerId(-1);
+        resp.port = -1;
+        if ctx.version >= 1 {
+            resp.error_message = Some(StrBytes::from_static_str("transactions are not supported"));
+        }
+    } else {
+        resp.node_id = BrokerId(NODE_ID);
+        resp.host = StrBytes::from_string(b.cfg.advertise_host.clone());
+        resp.port = b.cfg.advertise_port;
+    }
+    ctx.ready(&resp)
+}
+
+pub fn init_producer_id(b: &Arc<Broker>, ctx: &Ctx, req: InitProducerIdRequest) -> Reply {
+    let b = b.clone();
+    let ctx = ctx.clone();
+    Box::pin(async move {
+        let mut resp = InitProducerIdResponse::default();
+        resp.producer_id = kafka_protocol::messages::ProducerId(-1);
+        resp.producer_epoch = -1;
+        if req.transactional_id.as_ref().is_some_and(|t| !t.is_empty()) {
+            resp.error_code = codes::INVALID_REQUEST;
+        } else {
+            match b.new_producer_id().await {
+                Ok(id) => {
+                    resp.producer_id = kafka_protocol::messages::ProducerId(id);
+                    resp.producer_epoch = 0;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "handing out a producer id failed");
+                    resp.error_code = codes::KAFKA_STORAGE_ERROR;
+                }
+            }
+        }
+        ctx.encode(&resp)
+    })
+}

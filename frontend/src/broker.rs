@@ -1,0 +1,459 @@
+//! The broker's shared state: the log, the topic registry, and the bridges from the log's
+//! blocking calls and ack callbacks into tokio.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use nvmq_log::{Appended, Log, LogError, Record};
+use tokio::sync::{oneshot, watch, Semaphore};
+
+use crate::groups::Groups;
+use crate::meta::{MetaRecord, META_TOPIC, OFFSETS_TOPIC};
+use crate::offsets::Offsets;
+use crate::producers::Producers;
+use crate::FrontendError;
+
+/// How the broker presents itself and what it allows.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Host and port written into Metadata and FindCoordinator answers: clients reconnect there.
+    pub advertise_host: String,
+    pub advertise_port: i32,
+    /// Create unknown topics named in Metadata requests (when the client allows it).
+    pub auto_create_topics: bool,
+    /// Partitions of an auto-created topic, or of CreateTopics asking for the default.
+    pub default_partitions: u32,
+    /// Largest request frame read; a larger one closes the connection.
+    pub max_frame: usize,
+    /// Requests one connection may have decoded but not yet answered.
+    pub max_in_flight_per_connection: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            advertise_host: "127.0.0.1".into(),
+            advertise_port: 9092,
+            auto_create_topics: true,
+            default_partitions: 1,
+            max_frame: 64 << 20,
+            max_in_flight_per_connection: 1024,
+        }
+    }
+}
+
+/// Longest Kafka topic name nvmq takes: the log allows 249 bytes and a re-created topic's log
+/// name carries a `#<incarnation>` suffix.
+pub const MAX_TOPIC_NAME: usize = 240;
+
+/// Kafka's topic name rule, plus nvmq's shorter limit and its reserved internal names.
+pub fn valid_topic_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_TOPIC_NAME
+        && name != "."
+        && name != ".."
+        && name != META_TOPIC
+        && name != OFFSETS_TOPIC
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'.' || c == b'_' || c == b'-')
+}
+
+/// Topic name → log partition ids by partition index.
+#[derive(Debug, Default)]
+pub struct Topics {
+    pub map: BTreeMap<String, Vec<u32>>,
+    /// How often each name was deleted: the log name of its current incarnation.
+    incarnation: HashMap<String, u32>,
+}
+
+impl Topics {
+    fn log_name(&self, name: &str) -> String {
+        match self.incarnation.get(name).copied().unwrap_or(0) {
+            0 => name.to_string(),
+            k => format!("{name}#{k}"),
+        }
+    }
+
+    pub fn partition(&self, topic: &str, index: i32) -> Option<u32> {
+        let idx = usize::try_from(index).ok()?;
+        self.map.get(topic)?.get(idx).copied()
+    }
+}
+
+pub struct Broker {
+    pub(crate) log: Arc<Log>,
+    pub(crate) cfg: Config,
+    topics: Mutex<Topics>,
+    create_lock: tokio::sync::Mutex<()>,
+    durable: watch::Receiver<u64>,
+    /// Appends queued or in flight in the log: kept below the log's queue capacity, so that a
+    /// queueing append never blocks a runtime thread.
+    append_permits: Arc<Semaphore>,
+    /// Blocking reads running at once (they also take a slot in the log's queue).
+    read_permits: Arc<Semaphore>,
+    pub(crate) meta_partition: u32,
+    pub(crate) offsets_partition: u32,
+    pub(crate) groups: Groups,
+    pub(crate) offsets: Arc<Offsets>,
+    pub(crate) producers: Producers,
+    next_producer_id: Mutex<i64>,
+    stop: Arc<AtomicBool>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Broker {
+    /// Opens the broker over a started log: creates the internal partitions on first use, replays
+    /// them (topic tombstones, producer ids, group generations, committed offsets), and rebuilds
+    /// the idempotent producers' sequence state from the data partitions. Blocking.
+    pub fn open(
+        log: Log,
+        queue_capacity: usize,
+        cfg: Config,
+    ) -> Result<Arc<Broker>, FrontendError> {
+        let log = Arc::new(log);
+        let internal = |topic: &str| -> Result<u32, FrontendError> {
+            match log.partition_id(topic, 0) {
+                Some(id) => Ok(id),
+                None => log
+                    .create_partition(topic, 0)
+                    .map_err(|source| FrontendError::Log {
+                        op: "creating an internal partition",
+                        source,
+                    }),
+            }
+        };
+        let meta_partition = internal(META_TOPIC)?;
+        let offsets_partition = internal(OFFSETS_TOPIC)?;
+
+        let mut incarnation: HashMap<String, u32> = HashMap::new();
+        let mut next_pid = 0i64;
+        let mut generations: HashMap<String, i32> = HashMap::new();
+        scan(&log, meta_partition, |r| {
+            match MetaRecord::decode(&r.payload).map_err(|what| FrontendError::Meta {
+                topic: META_TOPIC,
+                offset: r.offset,
+                what,
+            })? {
+                MetaRecord::DeleteTopic { name } => *incarnation.entry(name).or_default() += 1,
+                MetaRecord::ProducerId { id } => next_pid = next_pid.max(id + 1),
+                MetaRecord::Generation { group, generation } => {
+                    generations.insert(group, generation);
+                }
+                MetaRecord::Commits { .. } => {}
+            }
+            Ok(())
+        })?;
+        let offsets = Arc::new(Offsets::default());
+        scan(&log, offsets_partition, |r| {
+            match MetaRecord::decode(&r.payload).map_err(|what| FrontendError::Meta {
+                topic: OFFSETS_TOPIC,
+                offset: r.offset,
+                what,
+            })? {
+                MetaRecord::Commits { group, commits } => offsets.apply(&group, &commits),
+                other => tracing::warn!(?other, "unexpected record in {OFFSETS_TOPIC}"),
+            }
+            Ok(())
+        })?;
+
+        let mut topics = Topics {
+            map: BTreeMap::new(),
+            incarnation,
+        };
+        let mut found: BTreeMap<String, BTreeMap<u32, u32>> = BTreeMap::new();
+        for (id, log_topic, index, _, _) in log.partitions() {
+            let (name, inc) = match log_topic.rsplit_once('#') {
+                Some((n, k)) => match k.parse::<u32>() {
+                    Ok(k) => (n.to_string(), k),
+                    Err(_) => continue,
+                },
+                None => (log_topic.clone(), 0),
+            };
+            if !valid_topic_name(&name)
+                || topics.incarnation.get(&name).copied().unwrap_or(0) != inc
+            {
+                continue;
+            }
+            found.entry(name).or_default().insert(index, id);
+        }
+        for (name, parts) in found {
+            // A create cut short by a crash leaves a prefix of partitions: the topic has those.
+            let ids: Vec<u32> = parts
+                .iter()
+                .enumerate()
+                .take_while(|(i, (idx, _))| *i as u32 == **idx)
+                .map(|(_, (_, id))| *id)
+                .collect();
+            if !ids.is_empty() {
+                topics.map.insert(name, ids);
+            }
+        }
+
+        let producers = Producers::default();
+        for ids in topics.map.values() {
+            for &id in ids {
+                scan(&log, id, |r| {
+                    if let Ok(info) = crate::batch::header(&r.payload) {
+                        producers.replay(id, &info, r.offset);
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+
+        let (tx, rx) = watch::channel(0u64);
+        let stop = Arc::new(AtomicBool::new(false));
+        {
+            let shared = log.shared().clone();
+            let stop = stop.clone();
+            let spawned = std::thread::Builder::new()
+                .name("nvmq-durable-watch".into())
+                .spawn(move || durable_watch(&shared, &tx, &stop));
+            if let Err(e) = spawned {
+                return Err(FrontendError::Thread(e.to_string()));
+            }
+        }
+        let permits = queue_capacity.max(4);
+        Ok(Arc::new(Broker {
+            log,
+            cfg,
+            topics: Mutex::new(topics),
+            create_lock: tokio::sync::Mutex::new(()),
+            durable: rx,
+            append_permits: Arc::new(Semaphore::new(permits * 3 / 4)),
+            read_permits: Arc::new(Semaphore::new((permits / 8).max(1))),
+            meta_partition,
+            offsets_partition,
+            groups: Groups::new(generations),
+            offsets,
+            producers,
+            next_producer_id: Mutex::new(next_pid),
+            stop,
+        }))
+    }
+
+    pub fn topics(&self) -> MutexGuard<'_, Topics> {
+        lock(&self.topics)
+    }
+
+    pub fn log(&self) -> &Arc<Log> {
+        &self.log
+    }
+
+    /// Queues an append in the caller's order; the returned receiver resolves once it is durable
+    /// (or failed). Waits (asynchronously) only while too many appends are in flight.
+    pub async fn append(
+        &self,
+        partition: u32,
+        payload: Vec<u8>,
+        span: u32,
+    ) -> Result<oneshot::Receiver<Result<Appended, LogError>>, LogError> {
+        self.append_with(partition, payload, span, |_| {}).await
+    }
+
+    /// Like `append`, and runs `on_durable` on the writer thread in log order, before the
+    /// receiver resolves (for state that must change in the order the log holds it).
+    pub async fn append_with(
+        &self,
+        partition: u32,
+        payload: Vec<u8>,
+        span: u32,
+        on_durable: impl FnOnce(&Result<Appended, LogError>) + Send + 'static,
+    ) -> Result<oneshot::Receiver<Result<Appended, LogError>>, LogError> {
+        let permit = self
+            .append_permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| LogError::Shutdown)?;
+        let (tx, rx) = oneshot::channel();
+        self.log.append_span(
+            partition,
+            payload,
+            span,
+            Box::new(move |r| {
+                on_durable(&r);
+                drop(permit);
+                let _ = tx.send(r);
+            }),
+        )?;
+        Ok(rx)
+    }
+
+    /// Appends one internal record and waits until it is durable.
+    pub async fn append_meta(
+        &self,
+        partition: u32,
+        rec: &MetaRecord,
+    ) -> Result<Appended, LogError> {
+        let rx = self.append(partition, rec.encode(), 1).await?;
+        rx.await.map_err(|_| LogError::Shutdown)?
+    }
+
+    /// Runs a blocking log call off the runtime's threads.
+    pub async fn blocking<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Log) -> R + Send + 'static,
+    ) -> Result<R, LogError> {
+        let _permit = self
+            .read_permits
+            .acquire()
+            .await
+            .map_err(|_| LogError::Shutdown)?;
+        let log = self.log.clone();
+        tokio::task::spawn_blocking(move || f(&log))
+            .await
+            .map_err(|_| LogError::Shutdown)
+    }
+
+    /// A receiver that changes whenever the durable position or the partition table moved.
+    pub fn durable_changes(&self) -> watch::Receiver<u64> {
+        self.durable.clone()
+    }
+
+    /// Creates `partitions` partitions of a new topic; Ok(false) if the topic exists already.
+    pub async fn create_topic(&self, name: &str, partitions: u32) -> Result<bool, LogError> {
+        let _one_at_a_time = self.create_lock.lock().await;
+        let log_name = {
+            let t = self.topics();
+            if t.map.contains_key(name) {
+                return Ok(false);
+            }
+            t.log_name(name)
+        };
+        let mut ids = Vec::with_capacity(partitions as usize);
+        for index in 0..partitions {
+            let existing = self.log.partition_id(&log_name, index);
+            let id = match existing {
+                Some(id) => id,
+                None => {
+                    let n = log_name.clone();
+                    self.blocking(move |log| log.create_partition(&n, index))
+                        .await??
+                }
+            };
+            ids.push(id);
+        }
+        self.topics().map.insert(name.to_string(), ids);
+        tracing::info!(topic = name, partitions, "topic created");
+        Ok(true)
+    }
+
+    /// Deletes a topic: a durable tombstone in `__nvmq_meta`, then the topic is gone from the
+    /// registry. The log has no delete: the data stays until retention frees it.
+    pub async fn delete_topic(&self, name: &str) -> Result<bool, LogError> {
+        let _one_at_a_time = self.create_lock.lock().await;
+        if !self.topics().map.contains_key(name) {
+            return Ok(false);
+        }
+        self.append_meta(
+            self.meta_partition,
+            &MetaRecord::DeleteTopic {
+                name: name.to_string(),
+            },
+        )
+        .await?;
+        let mut t = self.topics();
+        t.map.remove(name);
+        *t.incarnation.entry(name.to_string()).or_default() += 1;
+        tracing::info!(topic = name, "topic deleted");
+        Ok(true)
+    }
+
+    /// Hands out a new producer id, durably recorded so that no restart hands it out again.
+    pub async fn new_producer_id(&self) -> Result<i64, LogError> {
+        let id = {
+            let mut n = lock(&self.next_producer_id);
+            let id = *n;
+            *n += 1;
+            id
+        };
+        self.append_meta(self.meta_partition, &MetaRecord::ProducerId { id })
+            .await?;
+        Ok(id)
+    }
+
+    /// (start offset, durable end) of a partition.
+    pub fn bounds(&self, partition: u32) -> Option<(u64, u64)> {
+        self.log
+            .partition(partition)
+            .map(|v| (v.start_offset, v.durable_end))
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Reads every durable record of a partition, in order (startup replay).
+fn scan(
+    log: &Log,
+    partition: u32,
+    mut f: impl FnMut(&Record) -> Result<(), FrontendError>,
+) -> Result<(), FrontendError> {
+    let Some(view) = log.partition(partition) else {
+        return Ok(());
+    };
+    let mut next = view.start_offset;
+    while next < view.durable_end {
+        let recs = match log.read(partition, next, 4 << 20) {
+            Ok(r) => r,
+            // Retention freed the head meanwhile: go on from what is retained now.
+            Err(LogError::OffsetOutOfRange { start, .. }) if start > next => {
+                next = start;
+                continue;
+            }
+            Err(source) => {
+                return Err(FrontendError::Log {
+                    op: "replaying a partition",
+                    source,
+                })
+            }
+        };
+        if recs.is_empty() {
+            break;
+        }
+        for r in &recs {
+            f(r)?;
+            next = r.offset + u64::from(r.span);
+        }
+    }
+    Ok(())
+}
+
+/// Bridges the log's condition variable to a tokio watch: long-polling fetches wait on it.
+fn durable_watch(shared: &nvmq_log::Shared, tx: &watch::Sender<u64>, stop: &AtomicBool) {
+    let mut seen = {
+        let s = shared.lock();
+        (s.durable, s.partitions.len())
+    };
+    let mut tick = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let s = shared.wait_until(Duration::from_millis(100), |s| {
+            (s.durable, s.partitions.len()) != seen
+        });
+        let now = (s.durable, s.partitions.len());
+        let done = s.stopped || s.fatal.is_some();
+        drop(s);
+        if now != seen {
+            seen = now;
+            tick += 1;
+            if tx.send(tick).is_err() {
+                return;
+            }
+        }
+        if done {
+            // Wake every waiter one last time; they will find the log stopped.
+            let _ = tx.send(tick + 1);
+            return;
+        }
+    }
+}

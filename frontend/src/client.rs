@@ -1,0 +1,156 @@
+//! A minimal Kafka client over the same codec: for `nvmq kafka-bench` and the frontend's tests.
+//! One connection; requests may be pipelined (send several, then receive in order).
+
+use std::io;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
+use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpStream, ToSocketAddrs};
+
+/// Largest response frame the client reads.
+const MAX_RESPONSE: usize = 256 << 20;
+
+pub struct Client {
+    rd: BufReader<OwnedReadHalf>,
+    wr: OwnedWriteHalf,
+    next_correlation: i32,
+    client_id: String,
+}
+
+fn bad(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+impl Client {
+    pub async fn connect(addr: impl ToSocketAddrs, client_id: &str) -> io::Result<Client> {
+        let s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        let (rd, wr) = s.into_split();
+        Ok(Client {
+            rd: BufReader::with_capacity(64 << 10, rd),
+            wr,
+            next_correlation: 1,
+            client_id: client_id.to_string(),
+        })
+    }
+
+    /// Encodes a request frame (length, header, body) without sending it.
+    pub fn frame<R: Request>(&mut self, version: i16, req: &R) -> io::Result<(i32, Bytes)> {
+        let correlation_id = self.next_correlation;
+        self.next_correlation = self.next_correlation.wrapping_add(1);
+        let mut h = RequestHeader::default();
+        h.request_api_key = R::KEY;
+        h.request_api_version = version;
+        h.correlation_id = correlation_id;
+        h.client_id = Some(StrBytes::from_string(self.client_id.clone()));
+        let key = ApiKey::try_from(R::KEY).map_err(|_| bad(format!("api key {}", R::KEY)))?;
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&[0; 4]);
+        h.encode(&mut buf, key.request_header_version(version))
+            .and_then(|_| req.encode(&mut buf, version))
+            .map_err(|e| bad(format!("encoding {key:?} v{version}: {e}")))?;
+        let len = (buf.len() - 4) as i32;
+        buf[..4].copy_from_slice(&len.to_be_bytes());
+        Ok((correlation_id, buf.freeze()))
+    }
+
+    /// Sends a request; returns its correlation id.
+    pub async fn send<R: Request>(&mut self, version: i16, req: &R) -> io::Result<i32> {
+        let (id, f) = self.frame(version, req)?;
+        self.wr.write_all(&f).await?;
+        Ok(id)
+    }
+
+    pub async fn send_raw(&mut self, frame: &[u8]) -> io::Result<()> {
+        self.wr.write_all(frame).await
+    }
+
+    /// Reads one response frame (without its length).
+    pub async fn recv_raw(&mut self) -> io::Result<Bytes> {
+        let len = self.rd.read_i32().await?;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&l| l <= MAX_RESPONSE)
+            .ok_or_else(|| bad(format!("response frame length {len}")))?;
+        let mut b = BytesMut::zeroed(len);
+        self.rd.read_exact(&mut b).await?;
+        Ok(b.freeze())
+    }
+
+    /// Reads the next response, as the answer to a request of type R at `version`; returns its
+    /// correlation id too.
+    pub async fn recv<R: Request>(&mut self, version: i16) -> io::Result<(i32, R::Response)> {
+        let mut b = self.recv_raw().await?;
+        let key = ApiKey::try_from(R::KEY).map_err(|_| bad(format!("api key {}", R::KEY)))?;
+        let h = ResponseHeader::decode(&mut b, key.response_header_version(version))
+            .map_err(|e| bad(format!("response header: {e}")))?;
+        let body = R::Response::decode(&mut b, version)
+            .map_err(|e| bad(format!("{key:?} v{version} response: {e}")))?;
+        Ok((h.correlation_id, body))
+    }
+
+    /// Sends a request and waits for its answer.
+    pub async fn call<R: Request>(&mut self, version: i16, req: &R) -> io::Result<R::Response> {
+        let id = self.send(version, req).await?;
+        let (got, resp) = self.recv::<R>(version).await?;
+        if got != id {
+            return Err(bad(format!(
+                "answer to request {got} while waiting for {id}"
+            )));
+        }
+        Ok(resp)
+    }
+}
+
+/// An uncompressed RecordBatch (magic 2) of `values`, each a record without key or headers.
+pub fn record_batch(values: &[&[u8]], producer: Option<(i64, i16, i32)>) -> Vec<u8> {
+    fn varint(out: &mut Vec<u8>, v: i64) {
+        let mut z = ((v << 1) ^ (v >> 63)) as u64;
+        while z >= 0x80 {
+            out.push((z as u8) | 0x80);
+            z >>= 7;
+        }
+        out.push(z as u8);
+    }
+    let (pid, epoch, seq) = producer.unwrap_or((-1, -1, -1));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    let mut records = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        let mut r = vec![0u8];
+        varint(&mut r, 0);
+        varint(&mut r, i as i64);
+        varint(&mut r, -1);
+        varint(&mut r, v.len() as i64);
+        r.extend_from_slice(v);
+        varint(&mut r, 0);
+        varint(&mut records, r.len() as i64);
+        records.extend(r);
+    }
+    let n = values.len() as i32;
+    let mut b = Vec::with_capacity(61 + records.len());
+    b.extend(0i64.to_be_bytes());
+    b.extend(0i32.to_be_bytes());
+    b.extend((-1i32).to_be_bytes());
+    b.push(2);
+    b.extend(0u32.to_be_bytes());
+    b.extend(0i16.to_be_bytes());
+    b.extend((n - 1).to_be_bytes());
+    b.extend(now.to_be_bytes());
+    b.extend(now.to_be_bytes());
+    b.extend(pid.to_be_bytes());
+    b.extend(epoch.to_be_bytes());
+    b.extend(seq.to_be_bytes());
+    b.extend(n.to_be_bytes());
+    b.extend(records);
+    let len = (b.len() - 12) as i32;
+    b[8..12].copy_from_slice(&len.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    b
+}

@@ -1,0 +1,201 @@
+//! Fetch (with long polling) and ListOffsets. Only durable records are ever served: the high
+//! watermark is the partition's durable end.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::{
+    FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse,
+};
+use nvmq_log::LogError;
+
+use crate::batch;
+use crate::broker::Broker;
+use crate::codes;
+use crate::conn::{Ctx, Reply};
+use crate::produce::log_error_code;
+
+/// Longest a fetch may be held, whatever the client asks.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+
+pub fn fetch(b: &Arc<Broker>, ctx: &Ctx, req: FetchRequest) -> Reply {
+    let b = b.clone();
+    let ctx = ctx.clone();
+    Box::pin(async move {
+        let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(MAX_WAIT);
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut changes = b.durable_changes();
+        loop {
+            changes.borrow_and_update();
+            let (resp, bytes, failed) = read_once(&b, &ctx, &req).await;
+            if failed
+                || bytes >= i64::from(req.min_bytes.max(1))
+                || tokio::time::Instant::now() >= deadline
+            {
+                return ctx.encode(&resp);
+            }
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return ctx.encode(&resp) },
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    })
+}
+
+/// One pass over the requested partitions: (response, bytes of records, whether any partition
+/// answered with an error).
+async fn read_once(b: &Arc<Broker>, ctx: &Ctx, req: &FetchRequest) -> (FetchResponse, i64, bool) {
+    let mut resp = FetchResponse::default();
+    let mut budget = i64::from(req.max_bytes.max(0));
+    if ctx.version < 3 || budget == 0 {
+        budget = i64::from(i32::MAX);
+    }
+    let mut total = 0i64;
+    let mut failed = false;
+    for t in &req.topics {
+        let mut tr = FetchableTopicResponse::default();
+        tr.topic = t.topic.clone();
+        for p in &t.partitions {
+            let mut pd = PartitionData::default();
+            pd.partition_index = p.partition;
+            if ctx.version >= 4 {
+                pd.aborted_transactions = Some(Vec::new());
+            }
+            let pid = b.topics().partition(t.topic.as_str(), p.partition);
+            let bounds = pid.and_then(|id| b.bounds(id).map(|bd| (id, bd)));
+            let Some((id, (start, end))) = bounds else {
+                pd.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION;
+                pd.high_watermark = -1;
+                pd.last_stable_offset = -1;
+                failed = true;
+                tr.partitions.push(pd);
+                continue;
+            };
+            pd.high_watermark = end as i64;
+            pd.last_stable_offset = end as i64;
+            if ctx.version >= 5 {
+                pd.log_start_offset = start as i64;
+            }
+            let offset = p.fetch_offset;
+            if offset < start as i64 || offset > end as i64 {
+                pd.error_code = codes::OFFSET_OUT_OF_RANGE;
+                failed = true;
+            } else if (offset as u64) < end && (budget > 0 || total == 0) {
+                let max = i64::from(p.partition_max_bytes.max(1)).min(budget.max(1)) as usize;
+                match read_partition(b, id, offset as u64, max).await {
+                    Ok(records) => {
+                        total += records.len() as i64;
+                        budget -= records.len() as i64;
+                        if !records.is_empty() {
+                            pd.records = Some(records);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(topic = t.topic.as_str(), partition = p.partition, error = %e, "fetch failed");
+                        pd.error_code = log_error_code(&e);
+                        failed = true;
+                    }
+                }
+            }
+            tr.partitions.push(pd);
+        }
+        resp.responses.push(tr);
+    }
+    (resp, total, failed)
+}
+
+/// Whole stored batches from the one holding `offset`, each with the offset the log gave it
+/// written into its baseOffset; the first always, the rest while they fit `max`.
+async fn read_partition(b: &Broker, id: u32, offset: u64, max: usize) -> Result<Bytes, LogError> {
+    let records = b.blocking(move |log| log.read(id, offset, max)).await??;
+    let mut out = Vec::new();
+    for mut r in records {
+        if !out.is_empty() && out.len() + r.payload.len() > max {
+            break;
+        }
+        batch::set_base_offset(&mut r.payload, r.offset);
+        out.extend_from_slice(&r.payload);
+    }
+    Ok(Bytes::from(out))
+}
+
+pub fn list_offsets(b: &Arc<Broker>, ctx: &Ctx, req: ListOffsetsRequest) -> Reply {
+    let b = b.clone();
+    let ctx = ctx.clone();
+    Box::pin(async move {
+        let mut resp = ListOffsetsResponse::default();
+        for t in req.topics {
+            let mut tr = ListOffsetsTopicResponse::default();
+            tr.name = t.name.clone();
+            for p in t.partitions {
+                let mut pr = ListOffsetsPartitionResponse::default();
+                pr.partition_index = p.partition_index;
+                pr.timestamp = -1;
+                pr.offset = -1;
+                let pid = b.topics().partition(t.name.as_str(), p.partition_index);
+                match pid.and_then(|id| b.bounds(id).map(|bd| (id, bd))) {
+                    None => pr.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION,
+                    Some((_, (start, end))) if p.timestamp == -2 => {
+                        let _ = end;
+                        pr.offset = start as i64;
+                    }
+                    Some((_, (_, end))) if p.timestamp == -1 => pr.offset = end as i64,
+                    Some((id, (start, end))) => {
+                        match by_time(&b, id, start, end, p.timestamp).await {
+                            Ok(Some((offset, ts))) => {
+                                pr.offset = offset;
+                                pr.timestamp = ts;
+                            }
+                            Ok(None) => {}
+                            Err(e) => pr.error_code = log_error_code(&e),
+                        }
+                    }
+                }
+                tr.partitions.push(pr);
+            }
+            resp.topics.push(tr);
+        }
+        ctx.encode(&resp)
+    })
+}
+
+/// The first batch whose max timestamp reaches `ts` (-3: the batch with the largest timestamp).
+/// A linear scan of the partition: nvmq keeps no time index.
+async fn by_time(
+    b: &Broker,
+    id: u32,
+    start: u64,
+    end: u64,
+    ts: i64,
+) -> Result<Option<(i64, i64)>, LogError> {
+    b.blocking(move |log| {
+        let mut next = start;
+        let mut best: Option<(i64, i64)> = None;
+        while next < end {
+            let recs = log.read(id, next, 1 << 20)?;
+            if recs.is_empty() {
+                break;
+            }
+            for r in recs {
+                next = r.offset + u64::from(r.span);
+                let Ok(info) = batch::header(&r.payload) else {
+                    continue;
+                };
+                if ts == -3 {
+                    if best.is_none_or(|(_, t)| info.max_timestamp > t) {
+                        best = Some((r.offset as i64, info.max_timestamp));
+                    }
+                } else if info.max_timestamp >= ts {
+                    return Ok(Some((r.offset as i64, info.max_timestamp)));
+                }
+            }
+        }
+        Ok(best)
+    })
+    .await?
+}

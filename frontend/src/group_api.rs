@@ -1,0 +1,284 @@
+//! The group APIs on the wire: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,
+//! OffsetFetch.
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponsePartition, OffsetFetchResponseTopic,
+};
+use kafka_protocol::messages::{
+    HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest,
+    LeaveGroupResponse, OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest,
+    OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::broker::Broker;
+use crate::codes;
+use crate::conn::{Ctx, Reply};
+use crate::groups::{JoinRequest, JoinResult, SyncResult};
+use crate::meta::{Commit, MetaRecord};
+
+/// Kafka's offset.metadata.max.bytes default.
+const MAX_COMMIT_METADATA: usize = 4096;
+const OFFSET_METADATA_TOO_LARGE: i16 = 12;
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+pub fn join(b: &Arc<Broker>, ctx: &Ctx, req: JoinGroupRequest) -> Reply {
+    let jr = JoinRequest {
+        group: req.group_id.as_str().to_string(),
+        member_id: req.member_id.as_str().to_string(),
+        client_id: ctx.client_id.clone(),
+        session_timeout_ms: req.session_timeout_ms,
+        rebalance_timeout_ms: if ctx.version >= 1 {
+            req.rebalance_timeout_ms
+        } else {
+            req.session_timeout_ms
+        },
+        protocol_type: req.protocol_type.as_str().to_string(),
+        protocols: req
+            .protocols
+            .into_iter()
+            .map(|p| (p.name.as_str().to_string(), p.metadata))
+            .collect(),
+    };
+    let held = b.groups.join(jr);
+    let ctx = ctx.clone();
+    Box::pin(async move {
+        let r = match held {
+            Err(r) => r,
+            Ok(rx) => rx.await.unwrap_or(JoinResult {
+                error: codes::REBALANCE_IN_PROGRESS,
+                generation: -1,
+                ..Default::default()
+            }),
+        };
+        let mut resp = JoinGroupResponse::default();
+        resp.error_code = r.error;
+        resp.generation_id = r.generation;
+        resp.protocol_name = Some(s(r.protocol.as_deref().unwrap_or("")));
+        resp.leader = s(&r.leader);
+        resp.member_id = s(&r.member_id);
+        resp.members = r
+            .members
+            .into_iter()
+            .map(|(id, meta)| {
+                let mut m = JoinGroupResponseMember::default();
+                m.member_id = s(&id);
+                m.metadata = meta;
+                m
+            })
+            .collect();
+        ctx.encode(&resp)
+    })
+}
+
+pub fn sync(b: &Arc<Broker>, ctx: &Ctx, req: SyncGroupRequest) -> Reply {
+    let assignments = req
+        .assignments
+        .into_iter()
+        .map(|a| (a.member_id.as_str().to_string(), a.assignment))
+        .collect();
+    let held = b.groups.sync(
+        req.group_id.as_str(),
+        req.generation_id,
+        req.member_id.as_str(),
+        assignments,
+    );
+    let ctx = ctx.clone();
+    Box::pin(async move {
+        let r = match held {
+            Err(r) => r,
+            Ok(rx) => rx.await.unwrap_or(SyncResult {
+                error: codes::REBALANCE_IN_PROGRESS,
+                ..Default::default()
+            }),
+        };
+        let mut resp = SyncGroupResponse::default();
+        resp.error_code = r.error;
+        resp.assignment = r.assignment;
+        ctx.encode(&resp)
+    })
+}
+
+pub fn heartbeat(b: &Arc<Broker>, ctx: &Ctx, req: HeartbeatRequest) -> Reply {
+    let mut resp = HeartbeatResponse::default();
+    resp.error_code = b.groups.heartbeat(
+        req.group_id.as_str(),
+        req.generation_id,
+        req.member_id.as_str(),
+    );
+    ctx.ready(&resp)
+}
+
+pub fn leave(b: &Arc<Broker>, ctx: &Ctx, req: LeaveGroupRequest) -> Reply {
+    let ids: Vec<String> = if ctx.version >= 3 {
+        req.members
+            .iter()
+            .map(|m| m.member_id.as_str().to_string())
+            .collect()
+    } else {
+        vec![req.member_id.as_str().to_string()]
+    };
+    let errors = b.groups.leave(req.group_id.as_str(), &ids);
+    let mut resp = LeaveGroupResponse::default();
+    if ctx.version >= 3 {
+        resp.members = ids
+            .iter()
+            .zip(&errors)
+            .map(|(id, &e)| {
+                let mut m = MemberResponse::default();
+                m.member_id = s(id);
+                m.error_code = e;
+                m
+            })
+            .collect();
+    } else {
+        resp.error_code = errors.first().copied().unwrap_or(codes::NONE);
+    }
+    ctx.ready(&resp)
+}
+
+pub async fn offset_commit(b: &Arc<Broker>, ctx: &Ctx, req: OffsetCommitRequest) -> Reply {
+    let group = req.group_id.as_str().to_string();
+    let allowed = b.groups.may_commit(
+        &group,
+        req.generation_id_or_member_epoch,
+        req.member_id.as_str(),
+    );
+    // Per partition: its error, or None to be committed.
+    let mut plan: Vec<(TopicName, Vec<(i32, Option<i16>)>)> = Vec::new();
+    let mut commits = Vec::new();
+    for t in &req.topics {
+        let known = b.topics().map.get(t.name.as_str()).map(|p| p.len());
+        let mut parts = Vec::new();
+        for p in &t.partitions {
+            let meta_len = p.committed_metadata.as_ref().map_or(0, |m| m.len());
+            let err = if allowed != codes::NONE {
+                Some(allowed)
+            } else if known.is_none_or(|n| p.partition_index < 0 || p.partition_index as usize >= n)
+            {
+                Some(codes::UNKNOWN_TOPIC_OR_PARTITION)
+            } else if meta_len > MAX_COMMIT_METADATA {
+                Some(OFFSET_METADATA_TOO_LARGE)
+            } else {
+                commits.push(Commit {
+                    topic: t.name.as_str().to_string(),
+                    partition: p.partition_index,
+                    offset: p.committed_offset,
+                    leader_epoch: if ctx.version >= 6 {
+                        p.committed_leader_epoch
+                    } else {
+                        -1
+                    },
+                    metadata: p
+                        .committed_metadata
+                        .as_ref()
+                        .map(|m| m.as_str().to_string()),
+                });
+                None
+            };
+            parts.push((p.partition_index, err));
+        }
+        plan.push((t.name.clone(), parts));
+    }
+    // One durable record per request; the offsets become visible in log order once durable.
+    let pending = if commits.is_empty() {
+        None
+    } else {
+        let offsets = b.offsets.clone();
+        let g = group.clone();
+        let c2 = commits.clone();
+        let rec = MetaRecord::Commits { group, commits };
+        Some(
+            b.append_with(b.offsets_partition, rec.encode(), 1, move |r| {
+                if r.is_ok() {
+                    offsets.apply(&g, &c2);
+                }
+            })
+            .await,
+        )
+    };
+    let ctx = ctx.clone();
+    Box::pin(async move {
+        let outcome = match pending {
+            None => codes::NONE,
+            Some(Err(_)) => codes::KAFKA_STORAGE_ERROR,
+            Some(Ok(rx)) => match rx.await {
+                Ok(Ok(_)) => codes::NONE,
+                _ => codes::KAFKA_STORAGE_ERROR,
+            },
+        };
+        let mut resp = OffsetCommitResponse::default();
+        for (name, parts) in plan {
+            let mut tr = OffsetCommitResponseTopic::default();
+            tr.name = name;
+            for (idx, err) in parts {
+                let mut pr = OffsetCommitResponsePartition::default();
+                pr.partition_index = idx;
+                pr.error_code = err.unwrap_or(outcome);
+                tr.partitions.push(pr);
+            }
+            resp.topics.push(tr);
+        }
+        ctx.encode(&resp)
+    })
+}
+
+pub fn offset_fetch(b: &Arc<Broker>, ctx: &Ctx, req: OffsetFetchRequest) -> Reply {
+    let group = req.group_id.as_str();
+    let mut resp = OffsetFetchResponse::default();
+    let entry = |idx: i32, c: Option<crate::offsets::Committed>| {
+        let mut p = OffsetFetchResponsePartition::default();
+        p.partition_index = idx;
+        match c {
+            Some(c) => {
+                p.committed_offset = c.offset;
+                p.committed_leader_epoch = c.leader_epoch;
+                p.metadata = Some(s(c.metadata.as_deref().unwrap_or("")));
+            }
+            None => {
+                p.committed_offset = -1;
+                p.committed_leader_epoch = -1;
+                p.metadata = Some(s(""));
+            }
+        }
+        p
+    };
+    match req.topics {
+        Some(topics) => {
+            for t in topics {
+                let mut tr = OffsetFetchResponseTopic::default();
+                tr.name = t.name.clone();
+                for idx in t.partition_indexes {
+                    tr.partitions
+                        .push(entry(idx, b.offsets.get(group, t.name.as_str(), idx)));
+                }
+                resp.topics.push(tr);
+            }
+        }
+        None => {
+            let mut by_topic: Vec<OffsetFetchResponseTopic> = Vec::new();
+            for ((topic, idx), c) in b.offsets.all(group) {
+                if by_topic.last().is_none_or(|t| t.name.as_str() != topic) {
+                    let mut tr = OffsetFetchResponseTopic::default();
+                    tr.name = TopicName(s(&topic));
+                    by_topic.push(tr);
+                }
+                if let Some(tr) = by_topic.last_mut() {
+                    tr.partitions.push(entry(idx, Some(c)));
+                }
+            }
+            resp.topics = by_topic;
+        }
+    }
+    ctx.ready(&resp)
+}

@@ -1,0 +1,210 @@
+//! nvmq's own records in its internal partitions: topic tombstones, producer ids and group
+//! generations in `__nvmq_meta`, committed offsets in `__consumer_offsets`. Replayed on start.
+
+pub const META_TOPIC: &str = "__nvmq_meta";
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+
+/// One committed offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaRecord {
+    /// The topic is deleted; a topic of that name created later is a new incarnation.
+    DeleteTopic { name: String },
+    /// Producer ids up to this one are handed out.
+    ProducerId { id: i64 },
+    /// The group completed a rebalance to this generation.
+    Generation { group: String, generation: i32 },
+    /// Offsets a group committed in one request.
+    Commits { group: String, commits: Vec<Commit> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("internal record at offset {offset} of {topic}: {what}")]
+pub struct MetaFault {
+    pub topic: &'static str,
+    pub offset: u64,
+    pub what: String,
+}
+
+const TAG_DELETE: u8 = 1;
+const TAG_PRODUCER_ID: u8 = 2;
+const TAG_GENERATION: u8 = 3;
+const TAG_COMMITS: u8 = 4;
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    let b = s.as_bytes();
+    out.extend((b.len().min(u16::MAX as usize) as u16).to_be_bytes());
+    out.extend(&b[..b.len().min(u16::MAX as usize)]);
+}
+
+impl MetaRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            MetaRecord::DeleteTopic { name } => {
+                out.push(TAG_DELETE);
+                put_str(&mut out, name);
+            }
+            MetaRecord::ProducerId { id } => {
+                out.push(TAG_PRODUCER_ID);
+                out.extend(id.to_be_bytes());
+            }
+            MetaRecord::Generation { group, generation } => {
+                out.push(TAG_GENERATION);
+                put_str(&mut out, group);
+                out.extend(generation.to_be_bytes());
+            }
+            MetaRecord::Commits { group, commits } => {
+                out.push(TAG_COMMITS);
+                put_str(&mut out, group);
+                out.extend((commits.len() as u32).to_be_bytes());
+                for c in commits {
+                    put_str(&mut out, &c.topic);
+                    out.extend(c.partition.to_be_bytes());
+                    out.extend(c.offset.to_be_bytes());
+                    out.extend(c.leader_epoch.to_be_bytes());
+                    match &c.metadata {
+                        None => out.push(0),
+                        Some(m) => {
+                            out.push(1);
+                            put_str(&mut out, m);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    pub fn decode(b: &[u8]) -> Result<MetaRecord, String> {
+        let mut c = Cursor { b, at: 0 };
+        let r = match c.u8()? {
+            TAG_DELETE => MetaRecord::DeleteTopic { name: c.str()? },
+            TAG_PRODUCER_ID => MetaRecord::ProducerId { id: c.i64()? },
+            TAG_GENERATION => MetaRecord::Generation {
+                group: c.str()?,
+                generation: c.i32()?,
+            },
+            TAG_COMMITS => {
+                let group = c.str()?;
+                let n = c.i32()? as u32 as usize;
+                // Each commit takes at least 19 bytes: a count beyond the record is corrupt.
+                if n > b.len() / 19 {
+                    return Err(format!("{n} commits cannot fit {} bytes", b.len()));
+                }
+                let mut commits = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let topic = c.str()?;
+                    let partition = c.i32()?;
+                    let offset = c.i64()?;
+                    let leader_epoch = c.i32()?;
+                    let metadata = match c.u8()? {
+                        0 => None,
+                        _ => Some(c.str()?),
+                    };
+                    commits.push(Commit {
+                        topic,
+                        partition,
+                        offset,
+                        leader_epoch,
+                        metadata,
+                    });
+                }
+                MetaRecord::Commits { group, commits }
+            }
+            t => return Err(format!("unknown record tag {t}")),
+        };
+        if c.at != b.len() {
+            return Err(format!("{} trailing bytes", b.len() - c.at));
+        }
+        Ok(r)
+    }
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or_else(|| format!("truncated at byte {} (wanted {n} more)", self.at))?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn i32(&mut self) -> Result<i32, String> {
+        let s = self.take(4)?;
+        Ok(i32::from_be_bytes([s[0], s[1], s[2], s[3]]))
+    }
+    fn i64(&mut self) -> Result<i64, String> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(i64::from_be_bytes(a))
+    }
+    fn str(&mut self) -> Result<String, String> {
+        let s = self.take(2)?;
+        let n = usize::from(u16::from_be_bytes([s[0], s[1]]));
+        let at = self.at;
+        String::from_utf8(self.take(n)?.to_vec())
+            .map_err(|_| format!("string at byte {at} is not UTF-8"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_damage_is_refused() {
+        let recs = [
+            MetaRecord::DeleteTopic { name: "t".into() },
+            MetaRecord::ProducerId { id: 42 },
+            MetaRecord::Generation {
+                group: "g".into(),
+                generation: 7,
+            },
+            MetaRecord::Commits {
+                group: "g".into(),
+                commits: vec![
+                    Commit {
+                        topic: "a".into(),
+                        partition: 1,
+                        offset: 99,
+                        leader_epoch: -1,
+                        metadata: Some("m".into()),
+                    },
+                    Commit {
+                        topic: "b".into(),
+                        partition: 0,
+                        offset: 5,
+                        leader_epoch: 3,
+                        metadata: None,
+                    },
+                ],
+            },
+        ];
+        for r in recs {
+            let e = r.encode();
+            assert_eq!(MetaRecord::decode(&e).unwrap(), r);
+            assert!(MetaRecord::decode(&e[..e.len() - 1]).is_err());
+        }
+        assert!(MetaRecord::decode(&[9]).is_err());
+        assert!(MetaRecord::decode(&[4, 0, 1, b'g', 0xff, 0xff, 0xff, 0xff]).is_err());
+    }
+}

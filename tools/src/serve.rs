@@ -1,0 +1,163 @@
+//! `nvmq serve`: the Kafka protocol broker over one device.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use blockdev::DeviceError;
+use nvmq_log::{FlushMode, FormatOptions, Log, LogConfig};
+
+use crate::devspec::DeviceSpec;
+
+const DEFAULT_DEVICE: &str = "file:./nvmq-data/nvmq.img";
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    pub listen: String,
+    /// host:port clients are told to connect to (Metadata, FindCoordinator); defaults to the
+    /// listening address.
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// Device: `file:<path>` (created and formatted if missing, else recovered) or `sim[:...]`
+    /// (in memory, formatted at every start).
+    #[arg(long, default_value = DEFAULT_DEVICE)]
+    pub device: String,
+    /// Size of a device file created on first start.
+    #[arg(long, default_value = "1G")]
+    pub size: String,
+    /// always (ack after the covering flush), interval:<ms>, never.
+    #[arg(long, default_value = "always")]
+    pub flush: String,
+    /// Partitions of auto-created topics.
+    #[arg(long, default_value_t = 1)]
+    pub default_partitions: u32,
+    /// Do not create unknown topics named in Metadata requests.
+    #[arg(long)]
+    pub no_auto_create: bool,
+    /// Largest request frame accepted.
+    #[arg(long, default_value = "8M")]
+    pub max_frame: String,
+}
+
+fn loss_window(flush: FlushMode, window: u64) -> String {
+    match flush {
+        FlushMode::Always => "flush mode always: every ack follows the device flush covering it; a power cut loses no acknowledged record".into(),
+        FlushMode::Interval(d) => format!(
+            "flush mode interval:{}ms: acks at write completion; a power cut loses up to {} ms of acknowledged records (at most the {window}-byte in-flight window)",
+            d.as_millis(),
+            d.as_millis()
+        ),
+        FlushMode::Never => format!(
+            "flush mode never: acks at write completion; a power cut loses up to the {window}-byte in-flight window of acknowledged records"
+        ),
+    }
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let spec: DeviceSpec = args.device.parse()?;
+    let size = crate::devspec::parse_size(&args.size)?;
+    let max_frame = crate::devspec::parse_size(&args.max_frame)?;
+    let flush: FlushMode = args.flush.parse().map_err(|e: String| anyhow!(e))?;
+    if args.default_partitions == 0 {
+        bail!("--default-partitions must be at least 1");
+    }
+    let listen: SocketAddr = args
+        .listen
+        .parse()
+        .with_context(|| format!("--listen {:?}: expected host:port", args.listen))?;
+    let fresh = match &spec {
+        DeviceSpec::File(p) => !Path::new(p).exists(),
+        DeviceSpec::Sim(_) => true,
+        // A namespace is never formatted implicitly: `nvmq format` first.
+        DeviceSpec::Nvme { .. } => false,
+    };
+    let dev = spec.open(Some(size), |dev| {
+        if !fresh {
+            return Ok(());
+        }
+        nvmq_log::mkfs::format(dev, &FormatOptions::default())
+            .map(|_| ())
+            .map_err(|e| DeviceError::Io {
+                op: blockdev::Op::Write,
+                lba: 0,
+                detail: format!("formatting the new device: {e}"),
+            })
+    })?;
+    if fresh {
+        println!("formatted a new log on {}", args.device);
+    }
+    let cfg = LogConfig {
+        flush,
+        ..LogConfig::default()
+    };
+    let queue = cfg.queue_capacity;
+    let (writer, report) =
+        recovery::open(dev, cfg).with_context(|| format!("opening the log on {}", args.device))?;
+    println!("{report}");
+    let log = Log::start(writer, queue);
+    println!("{}", loss_window(flush, log.geometry().window));
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("nvmq-net")
+        .build()
+        .context("starting the network runtime")?;
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(listen))
+        .with_context(|| format!("listening on {listen}"))?;
+    let bound = listener.local_addr().context("reading the bound address")?;
+    let (host, port) = match &args.advertise {
+        Some(a) => {
+            let (h, p) = a
+                .rsplit_once(':')
+                .ok_or_else(|| anyhow!("--advertise {a:?}: expected host:port"))?;
+            let p: i32 = p
+                .parse()
+                .ok()
+                .filter(|p| (1..=65535).contains(p))
+                .ok_or_else(|| anyhow!("--advertise {a:?}: port must be 1..65535"))?;
+            (h.to_string(), p)
+        }
+        None => (bound.ip().to_string(), i32::from(bound.port())),
+    };
+    let fcfg = frontend::Config {
+        advertise_host: host.clone(),
+        advertise_port: port,
+        auto_create_topics: !args.no_auto_create,
+        default_partitions: args.default_partitions,
+        max_frame: usize::try_from(max_frame).unwrap_or(usize::MAX),
+        ..frontend::Config::default()
+    };
+    let broker = frontend::Broker::open(log, queue, fcfg).context("opening the broker state")?;
+    let log = broker.log().clone();
+    println!("nvmq serving Kafka on {bound} (advertised as {host}:{port})");
+    let served = rt.block_on(frontend::serve(broker, listener, stop_signal()));
+    rt.shutdown_timeout(Duration::from_secs(5));
+    match Arc::try_unwrap(log) {
+        Ok(log) => log.shutdown(),
+        Err(_) => eprintln!("warning: requests still held the log at exit; it stops as they end"),
+    }
+    println!("nvmq stopped");
+    served.map_err(Into::into)
+}
+
+/// SIGINT or SIGTERM.
+async fn stop_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+    println!("stopping: signal received");
+}

@@ -1,0 +1,256 @@
+"""Kafka client scenarios against an nvmq broker, driven by tools/tests/kafka_clients.rs.
+
+Each scenario prints what it checked and exits non-zero (with the reason) on any failure.
+Usage: scenarios.py <bootstrap> <scenario> [args...]
+"""
+import json
+import sys
+import time
+
+BOOT = sys.argv[1]
+WHAT = sys.argv[2]
+ARGS = sys.argv[3:]
+
+
+def fail(msg):
+    print("FAIL:", msg, flush=True)
+    sys.exit(1)
+
+
+def ck_produce(topic, n, partitions, extra=None):
+    """confluent-kafka producer, acks=all; returns {value: (partition, offset)} of delivered."""
+    from confluent_kafka import Producer
+
+    conf = {"bootstrap.servers": BOOT, "acks": "all", "linger.ms": 5}
+    conf.update(extra or {})
+    p = Producer(conf)
+    got = {}
+    errors = []
+
+    def cb(err, msg):
+        if err is not None:
+            errors.append(str(err))
+        else:
+            got[msg.value().decode()] = (msg.partition(), msg.offset())
+
+    for i in range(n):
+        p.produce(topic, value=f"m-{i}".encode(), partition=i % partitions, on_delivery=cb)
+        if i % 1000 == 0:
+            p.poll(0)
+    left = p.flush(30)
+    if left or errors:
+        fail(f"{left} undelivered, errors {errors[:5]}")
+    if len(got) != n:
+        fail(f"{len(got)} of {n} delivered")
+    return got
+
+
+def ck_read_all(topic, partitions, expect):
+    """Reads every partition from offset 0 with assign(); checks values and offsets."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": BOOT, "group.id": "reader", "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    seen = {}
+    deadline = time.time() + 30
+    while len(seen) < len(expect) and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is None:
+            continue
+        if m.error():
+            fail(f"consume error {m.error()}")
+        v = m.value().decode()
+        if v in seen:
+            fail(f"{v} consumed twice")
+        seen[v] = (m.partition(), m.offset())
+    c.close()
+    for v, where in expect.items():
+        if seen.get(v) != where:
+            fail(f"{v}: produced at {where}, consumed at {seen.get(v)}")
+    extra = set(seen) - set(expect)
+    if extra:
+        fail(f"consumed values never produced: {sorted(extra)[:5]}")
+    return seen
+
+
+def create_topic(topic, partitions):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    a = AdminClient({"bootstrap.servers": BOOT})
+    for f in a.create_topics([NewTopic(topic, num_partitions=partitions,
+                                       replication_factor=1)]).values():
+        f.result(10)
+    md = a.list_topics(topic, timeout=10)
+    if len(md.topics[topic].partitions) != partitions:
+        fail(f"metadata shows {len(md.topics[topic].partitions)} partitions of {topic}")
+
+
+def produce_consume():
+    """CreateTopics, produce acks=all over 3 partitions, read all back by offset."""
+    topic, n = "pc", 3000
+    create_topic(topic, 3)
+    got = ck_produce(topic, n, 3)
+    ck_read_all(topic, 3, got)
+    for p in range(3):
+        offs = sorted(o for (pp, o) in got.values() if pp == p)
+        if offs != list(range(len(offs))):
+            fail(f"partition {p} offsets are not 0..{len(offs)}")
+    print(f"ok: {n} messages produced with acks=all and read back at their offsets")
+
+
+def kafka_python():
+    """kafka-python (idempotent by default in 3.x): produce, then read back with assign+seek."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    topic, n = "kp", 500
+    p = KafkaProducer(bootstrap_servers=BOOT, acks="all")
+    futs = [p.send(topic, value=f"k-{i}".encode(), partition=0) for i in range(n)]
+    meta = [f.get(timeout=30) for f in futs]
+    p.close()
+    offs = [m.offset for m in meta]
+    if offs != list(range(n)):
+        fail(f"kafka-python offsets {offs[:5]}...")
+    c = KafkaConsumer(bootstrap_servers=BOOT, group_id=None, enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    c.assign([tp])
+    c.seek_to_beginning(tp)
+    vals = []
+    deadline = time.time() + 30
+    while len(vals) < n and time.time() < deadline:
+        for recs in c.poll(timeout_ms=500).values():
+            vals.extend((r.offset, r.value.decode()) for r in recs)
+    c.close()
+    if vals != [(i, f"k-{i}") for i in range(n)]:
+        fail(f"kafka-python read back {len(vals)} records, first {vals[:3]}")
+    print(f"ok: kafka-python produced {n} and read them back in order")
+
+
+def idempotent():
+    """enable.idempotence=true: every message stored exactly once, in order."""
+    topic, n = "idem", 5000
+    got = ck_produce(topic, n, 1, {"enable.idempotence": True, "linger.ms": 1,
+                                   "max.in.flight.requests.per.connection": 5})
+    ck_read_all(topic, 1, got)
+    offs = sorted(o for (_, o) in got.values())
+    if offs != list(range(n)):
+        fail("idempotent producer's offsets are not contiguous")
+    order = [got[f"m-{i}"][1] for i in range(n)]
+    if order != list(range(n)):
+        fail("idempotent producer's messages are not in send order")
+    print(f"ok: idempotent producer stored {n} messages once each, in order")
+
+
+def group_consumer(name, group, topic):
+    from confluent_kafka import Consumer
+
+    return Consumer({"bootstrap.servers": BOOT, "group.id": group, "client.id": name,
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                     "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+                     "partition.assignment.strategy": "range"})
+
+
+def group_rebalance():
+    """Two members share a 4-partition topic; one leaves; the other takes every partition and
+    commits what it consumed. Prints the commits as JSON on the last line."""
+    from confluent_kafka import TopicPartition
+
+    topic, group = ARGS[0], ARGS[1]
+    create_topic(topic, 4)
+    got = ck_produce(topic, 400, 4)
+    a = group_consumer("a", group, topic)
+    b = group_consumer("b", group, topic)
+    a.subscribe([topic])
+    b.subscribe([topic])
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        a.poll(0.2)
+        b.poll(0.2)
+        if len(a.assignment()) == 2 and len(b.assignment()) == 2:
+            break
+    la, lb = sorted(p.partition for p in a.assignment()), sorted(p.partition for p in b.assignment())
+    if len(la) != 2 or len(lb) != 2 or set(la) & set(lb):
+        fail(f"two members did not split 4 partitions: a={la} b={lb}")
+    print(f"two members: a={la} b={lb}", flush=True)
+    b.close()  # LeaveGroup
+    deadline = time.time() + 60
+    seen = {}
+    while time.time() < deadline and (len(a.assignment()) != 4 or len(seen) < len(got)):
+        m = a.poll(0.2)
+        if m is not None and not m.error():
+            seen[m.value().decode()] = (m.partition(), m.offset())
+    if len(a.assignment()) != 4:
+        fail(f"after b left, a holds {len(a.assignment())} partitions")
+    if seen != got:
+        fail(f"a consumed {len(seen)} of {len(got)} messages after the rebalance")
+    print("after leave: a holds all 4 partitions and consumed everything", flush=True)
+    ends = {}
+    for (p, o) in got.values():
+        ends[p] = max(ends.get(p, -1), o + 1)
+    a.commit(offsets=[TopicPartition(topic, p, o) for p, o in ends.items()], asynchronous=False)
+    a.close()
+    print(json.dumps({str(p): o for p, o in sorted(ends.items())}))
+
+
+def committed():
+    """Prints a group's committed offsets as JSON."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic, group, parts = ARGS[0], ARGS[1], int(ARGS[2])
+    c = Consumer({"bootstrap.servers": BOOT, "group.id": group, "enable.auto.commit": False})
+    res = c.committed([TopicPartition(topic, p) for p in range(parts)], timeout=20)
+    c.close()
+    print(json.dumps({str(tp.partition): tp.offset for tp in res}))
+
+
+def produce_log():
+    """Produces forever (until killed or the broker dies), printing each acknowledged value."""
+    from confluent_kafka import Producer
+
+    topic = ARGS[0]
+    p = Producer({"bootstrap.servers": BOOT, "acks": "all", "linger.ms": 2,
+                  "message.timeout.ms": 3000, "reconnect.backoff.max.ms": 200})
+
+    def cb(err, msg):
+        if err is None:
+            print("ack", msg.value().decode(), msg.offset(), flush=True)
+
+    i = 0
+    while True:
+        try:
+            p.produce(topic, value=f"d-{i}".encode(), partition=0, on_delivery=cb)
+            i += 1
+        except BufferError:
+            pass
+        p.poll(0.001 if i % 50 else 0.01)
+
+
+def read_values():
+    """Prints every value of partition 0 of a topic, one per line, then 'end <hw>'."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = ARGS[0]
+    c = Consumer({"bootstrap.servers": BOOT, "group.id": "verify", "enable.auto.commit": False})
+    lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=20)
+    c.assign([TopicPartition(topic, 0, 0)])
+    n = 0
+    deadline = time.time() + 60
+    while n < hi and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is None or m.error():
+            continue
+        print("val", m.value().decode(), m.offset())
+        n = m.offset() + 1
+    c.close()
+    print("end", hi, flush=True)
+
+
+{
+    "produce_consume": produce_consume,
+    "kafka_python": kafka_python,
+    "idempotent": idempotent,
+    "group_rebalance": group_rebalance,
+    "committed": committed,
+    "produce_log": produce_log,
+    "read_values": read_values,
+}[WHAT]()
