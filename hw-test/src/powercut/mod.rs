@@ -191,6 +191,23 @@ async fn wait_up(o: &RigOptions, since: Instant, create: bool, cycle: u32) -> Re
                             metadata_ok: since.elapsed(),
                         })
                     }
+                    Ok(Ok(wire::TopicState::Ready(n))) if cycle <= 1 => {
+                        return Err(RigError::Option {
+                            option: "--topic",
+                            what: format!(
+                                "{} exists with {n} partitions, not {}",
+                                o.topic, o.partitions
+                            ),
+                        })
+                    }
+                    // Fewer partitions than created: a cut took some (their acks count as
+                    // lost); the load goes on over what is left.
+                    Ok(Ok(wire::TopicState::Ready(_))) => {
+                        return Ok(Up {
+                            port_up,
+                            metadata_ok: since.elapsed(),
+                        })
+                    }
                     Ok(Ok(wire::TopicState::Unknown)) if !create => {
                         return Ok(Up {
                             port_up,

@@ -58,7 +58,7 @@ pub fn produce(topic: &str, partition: i32, batch: Vec<u8>, timeout_ms: i32) -> 
     r
 }
 
-/// Creates the run's topic; an existing topic with the same partition count is taken as is.
+/// Creates the run's topic if the broker does not know it (an existing topic is taken as is).
 pub async fn create_topic(c: &mut Client, topic: &str, partitions: i32) -> Result<(), RigError> {
     let mut t = CreatableTopic::default();
     t.name = name(topic);
@@ -79,13 +79,6 @@ pub async fn create_topic(c: &mut Client, topic: &str, partitions: i32) -> Resul
         return Err(RigError::Protocol {
             op: "CreateTopics",
             what: format!("topic {topic:?}: error code {code}"),
-        });
-    }
-    let have = partition_count(c, topic).await?;
-    if have != partitions {
-        return Err(RigError::Protocol {
-            op: "CreateTopics",
-            what: format!("topic {topic:?} exists with {have} partitions, not {partitions}"),
         });
     }
     Ok(())
@@ -138,17 +131,6 @@ pub async fn topic_state(c: &mut Client, topic: &str) -> Result<TopicState, RigE
         )));
     }
     Ok(TopicState::Ready(t.partitions.len() as i32))
-}
-
-/// The topic's partition count, or an error unless it is ready.
-pub async fn partition_count(c: &mut Client, topic: &str) -> Result<i32, RigError> {
-    match topic_state(c, topic).await? {
-        TopicState::Ready(n) => Ok(n),
-        other => Err(RigError::Protocol {
-            op: "Metadata",
-            what: format!("topic {topic:?}: {other:?}"),
-        }),
-    }
 }
 
 /// One fetch of a partition from `offset`, without waiting for new data.
