@@ -20,7 +20,8 @@ fn seed(default: u64) -> u64 {
 }
 
 fn ledger_path(name: &str, seed: u64) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("powercut-{name}-{seed}.ledger"));
+    let p =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("powercut-{name}-{seed}.ledger"));
     let _ = std::fs::remove_file(&p);
     p
 }
@@ -61,15 +62,29 @@ fn twenty_cuts_under_acks_all_lose_no_acknowledged_record() {
     let t = &r.totals;
     assert_eq!(t.cycles, 20, "seed {seed}");
     assert_eq!(t.lost_acked, 0, "seed {seed}: acknowledged records lost");
-    assert_eq!(t.checksum_failures, 0, "seed {seed}: served records fail their checksum");
+    assert_eq!(
+        t.checksum_failures, 0,
+        "seed {seed}: served records fail their checksum"
+    );
     assert!(r.passed(), "seed {seed}");
     // The load ran in every cycle, and every ack so far was checked after every cut.
     let mut acked = 0;
     for c in &r.cycles {
-        assert!(c.acked > 0, "seed {seed}: cycle {} acknowledged nothing", c.cycle);
+        assert!(
+            c.acked > 0,
+            "seed {seed}: cycle {} acknowledged nothing",
+            c.cycle
+        );
         acked += c.acked;
-        assert_eq!(c.checked, acked, "seed {seed}: cycle {} checked {} of {acked} acks", c.cycle, c.checked);
-        assert!(c.broker_report.as_deref().is_some_and(|s| s.starts_with("recovered from")));
+        assert_eq!(
+            c.checked, acked,
+            "seed {seed}: cycle {} checked {} of {acked} acks",
+            c.cycle, c.checked
+        );
+        assert!(c
+            .broker_report
+            .as_deref()
+            .is_some_and(|s| s.starts_with("recovered from")));
     }
     assert_eq!(t.acked, acked);
     // The ledger on disk holds exactly what was counted.
@@ -77,10 +92,14 @@ fn twenty_cuts_under_acks_all_lose_no_acknowledged_record() {
     assert_eq!(l.entries.len() as u64, t.acked, "seed {seed}");
     assert_eq!(l.header.seed, seed);
     // The cut moments are the seed's.
-    let want: Vec<f64> = powercut::cut_moments(seed, 20, (Duration::from_millis(20), Duration::from_millis(250)))
-        .iter()
-        .map(|d| (d.as_secs_f64() * 1e4).round() / 10.0)
-        .collect();
+    let want: Vec<f64> = powercut::cut_moments(
+        seed,
+        20,
+        (Duration::from_millis(20), Duration::from_millis(250)),
+    )
+    .iter()
+    .map(|d| (d.as_secs_f64() * 1e4).round() / 10.0)
+    .collect();
     assert_eq!(t.cut_after_ms, want, "seed {seed}");
 }
 
@@ -105,4 +124,43 @@ fn acks_before_the_flush_are_caught_as_lost() {
     assert!(!r.passed(), "seed {seed}: losses went unnoticed");
     assert!(r.totals.lost_acked > 0, "seed {seed}");
     assert!(r.cycles.iter().any(|c| !c.lost_examples.is_empty()));
+}
+
+/// `nvmq-rig` itself: exit 0 and a JSON report on a sound broker, exit 3 when acks are lost.
+#[test]
+fn the_cli_reports_json_and_exits_3_on_loss() {
+    let seed = seed(11);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let rig = |flush: &str| {
+        let ledger = dir.join(format!("powercut-cli-{flush}-{seed}.ledger"));
+        let _ = std::fs::remove_file(&ledger);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nvmq-rig"))
+            .args(["--in-process-sim", "--sim-flush", flush, "--json", "--cycles", "3"])
+            .args(["--cut-after-min", "20ms", "--cut-after-max", "120ms"])
+            .arg("--seed")
+            .arg(seed.to_string())
+            .arg("--ledger")
+            .arg(&ledger)
+            .output()
+            .expect("nvmq-rig runs");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "seed {seed}: no JSON report ({e}); stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.code(), report)
+    };
+    let (code, r) = rig("always");
+    assert_eq!(code, Some(0), "seed {seed}: {r}");
+    assert_eq!(r["totals"]["cycles"], 3);
+    assert_eq!(r["totals"]["lost_acked"], 0);
+    assert_eq!(r["totals"]["passed"], true);
+    assert!(r["totals"]["acked"].as_u64().is_some_and(|n| n > 0));
+    assert_eq!(r["cycles"].as_array().map(Vec::len), Some(3));
+
+    let (code, r) = rig("never");
+    assert_eq!(code, Some(3), "seed {seed}: {r}");
+    assert_eq!(r["totals"]["passed"], false);
+    assert!(r["totals"]["lost_acked"].as_u64().is_some_and(|n| n > 0));
 }

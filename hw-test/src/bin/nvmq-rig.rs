@@ -166,7 +166,10 @@ fn run(a: Args) -> Result<bool> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let topic = a.topic.clone().unwrap_or_else(|| format!("rig-{seed}-{unix}"));
+    let topic = a
+        .topic
+        .clone()
+        .unwrap_or_else(|| format!("rig-{seed}-{unix}"));
     let ledger = a
         .ledger
         .clone()
@@ -175,7 +178,10 @@ fn run(a: Args) -> Result<bool> {
     let mut sim;
     let mut cmd;
     let (switch, broker): (&mut dyn PowerSwitch, String) = if a.in_process_sim {
-        let flush: FlushMode = a.sim_flush.parse().map_err(|e: String| anyhow!("--sim-flush: {e}"))?;
+        let flush: FlushMode = a
+            .sim_flush
+            .parse()
+            .map_err(|e: String| anyhow!("--sim-flush: {e}"))?;
         sim = SimBroker::start(SimBrokerConfig {
             seed,
             flush,
@@ -235,7 +241,12 @@ fn run(a: Args) -> Result<bool> {
     Ok(report.passed())
 }
 
-fn verify_only(broker: &str, ledger: &std::path::Path, timeout: Duration, json: bool) -> Result<bool> {
+fn verify_only(
+    broker: &str,
+    ledger: &std::path::Path,
+    timeout: Duration,
+    json: bool,
+) -> Result<bool> {
     let v = powercut::verify_ledger(broker, ledger, timeout)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -251,7 +262,10 @@ fn verify_only(broker: &str, ledger: &std::path::Path, timeout: Duration, json: 
             if v.ledger_torn_tail { " (a torn last ledger line was ignored)" } else { "" }
         );
         for l in v.lost.iter().take(20) {
-            println!("  LOST {} at {}/{}: {}", l.id, l.partition, l.offset, l.what);
+            println!(
+                "  LOST {} at {}/{}: {}",
+                l.id, l.partition, l.offset, l.what
+            );
         }
         for f in v.faults.iter().take(20) {
             println!("  CHECKSUM {}/{}: {}", f.partition, f.offset, f.what);

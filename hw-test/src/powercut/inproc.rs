@@ -129,7 +129,8 @@ fn serve(
         advertise_port: i32::from(addr.port()),
         ..Config::default()
     };
-    let broker = Broker::open(log, queue, fc).map_err(|e| err(format!("opening the broker: {e}")))?;
+    let broker =
+        Broker::open(log, queue, fc).map_err(|e| err(format!("opening the broker: {e}")))?;
     rt.spawn(frontend::serve(
         broker.clone(),
         listener,

@@ -115,9 +115,7 @@ impl Ledger {
             path: self.path.clone(),
             source,
         };
-        self.file
-            .write_all(bytes)
-            .map_err(|e| io("appending", e))?;
+        self.file.write_all(bytes).map_err(|e| io("appending", e))?;
         self.file.sync_data().map_err(|e| io("fdatasync", e))
     }
 
@@ -143,20 +141,24 @@ pub struct Contents {
 
 fn unseal(line: &str) -> Option<&str> {
     let (body, crc) = line.rsplit_once(' ')?;
-    let crc = u32::from_str_radix(crc, 16).ok().filter(|_| crc.len() == 8)?;
+    let crc = u32::from_str_radix(crc, 16)
+        .ok()
+        .filter(|_| crc.len() == 8)?;
     (crc32c::crc32c(body.as_bytes()) == crc).then_some(body)
 }
 
 fn parse_header(body: &str) -> Option<Header> {
     let f: Vec<&str> = body.splitn(11, ' ').collect();
     match f[..] {
-        ["run", run, "seed", seed, "partitions", p, "body", lo, hi, "topic", topic] => Some(Header {
-            run: u64::from_str_radix(run, 16).ok()?,
-            seed: seed.parse().ok()?,
-            partitions: p.parse().ok()?,
-            body_len: (lo.parse().ok()?, hi.parse().ok()?),
-            topic: topic.to_string(),
-        }),
+        ["run", run, "seed", seed, "partitions", p, "body", lo, hi, "topic", topic] => {
+            Some(Header {
+                run: u64::from_str_radix(run, 16).ok()?,
+                seed: seed.parse().ok()?,
+                partitions: p.parse().ok()?,
+                body_len: (lo.parse().ok()?, hi.parse().ok()?),
+                topic: topic.to_string(),
+            })
+        }
         _ => None,
     }
 }
@@ -233,7 +235,7 @@ mod tests {
     use super::*;
 
     fn dir(name: &str) -> PathBuf {
-        let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+        let d = std::env::temp_dir().join(format!("nvmq-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).expect("test dir");
         d

@@ -315,7 +315,9 @@ pub fn run(
                     Ok(Err(e)) => out.push(Err(RigError::InProcess(format!("producer: {e}")))),
                     Err(_) => {
                         abort.abort();
-                        tracing::warn!("a producer did not stop; its unacknowledged records are not resent");
+                        tracing::warn!(
+                            "a producer did not stop; its unacknowledged records are not resent"
+                        );
                     }
                 }
             }

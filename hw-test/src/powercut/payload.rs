@@ -134,7 +134,13 @@ mod tests {
             b[bit / 8] ^= 1 << (bit % 8);
             assert!(check(&b).is_err(), "bit {bit} flipped went unnoticed");
         }
-        assert_eq!(check(&a[..a.len() - 1]), Err(PayloadFault::Length { claimed: 40, len: a.len() - 1 }));
+        assert_eq!(
+            check(&a[..a.len() - 1]),
+            Err(PayloadFault::Length {
+                claimed: 40,
+                len: a.len() - 1
+            })
+        );
         assert_eq!(check(&a[..10]), Err(PayloadFault::Short(10)));
     }
 }

@@ -118,7 +118,11 @@ impl std::fmt::Display for CycleReport {
             write!(f, "\n  broker: {}", r.replace('\n', "\n  broker: "))?;
         }
         for l in &self.lost_examples {
-            write!(f, "\n  LOST {} at {}/{}: {}", l.id, l.partition, l.offset, l.what)?;
+            write!(
+                f,
+                "\n  LOST {} at {}/{}: {}",
+                l.id, l.partition, l.offset, l.what
+            )?;
         }
         for x in &self.fault_examples {
             write!(f, "\n  CHECKSUM {}/{}: {}", x.partition, x.offset, x.what)?;
@@ -153,6 +157,10 @@ impl std::fmt::Display for RunReport {
             t.recovery_ms_min, t.recovery_ms_median, t.recovery_ms_max
         )?;
         let moments: Vec<String> = t.cut_after_ms.iter().map(|m| format!("{m:.0}")).collect();
-        write!(f, "  cut moments (ms into each cycle's load): {}", moments.join(" "))
+        write!(
+            f,
+            "  cut moments (ms into each cycle's load): {}",
+            moments.join(" ")
+        )
     }
 }

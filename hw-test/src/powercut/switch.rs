@@ -29,7 +29,12 @@ pub struct CommandSwitch {
 
 /// Runs `cmd` with `sh -c`; its stdout goes to ours only if `capture` is false (then to stderr,
 /// keeping stdout for the report). Returns what it printed when captured.
-pub fn shell(cmd: &str, what: &'static str, capture: bool, timeout: Duration) -> Result<String, RigError> {
+pub fn shell(
+    cmd: &str,
+    what: &'static str,
+    capture: bool,
+    timeout: Duration,
+) -> Result<String, RigError> {
     let failed = |detail: String| RigError::Command {
         what,
         cmd: cmd.to_string(),
@@ -47,7 +52,9 @@ pub fn shell(cmd: &str, what: &'static str, capture: bool, timeout: Duration) ->
             .map_err(|e| failed(format!("duplicating stderr: {e}")))?;
         c.stdout(Stdio::from(err));
     }
-    let mut child = c.spawn().map_err(|e| failed(format!("could not start: {e}")))?;
+    let mut child = c
+        .spawn()
+        .map_err(|e| failed(format!("could not start: {e}")))?;
     let reader = child.stdout.take().map(|mut out| {
         std::thread::spawn(move || {
             let mut s = String::new();
@@ -107,7 +114,10 @@ mod tests {
     #[test]
     fn commands_run_and_failures_name_the_flag() {
         let t = Duration::from_secs(5);
-        assert_eq!(shell("echo hello; echo there", "x", true, t).expect("runs"), "hello\nthere");
+        assert_eq!(
+            shell("echo hello; echo there", "x", true, t).expect("runs"),
+            "hello\nthere"
+        );
         match shell("exit 3", "--cut-cmd", false, t) {
             Err(RigError::Command { what, detail, .. }) => {
                 assert_eq!(what, "--cut-cmd");

@@ -171,12 +171,12 @@ pub fn judge(ledger: &Contents, scan: &Scan) -> Verdict {
         };
         match payload::check(value) {
             Err(e) => v.faults.push(fault(e.to_string())),
-            Ok((r, id)) if r != run => v
-                .faults
-                .push(fault(format!("record {id} of run {r:016x}, not {run:016x}"))),
-            Ok((_, id)) if value[..] != payload::encode(run, id, body_len)[..] => v
-                .faults
-                .push(fault(format!("{id} is sound but not what {id} was sent as"))),
+            Ok((r, id)) if r != run => v.faults.push(fault(format!(
+                "record {id} of run {r:016x}, not {run:016x}"
+            ))),
+            Ok((_, id)) if value[..] != payload::encode(run, id, body_len)[..] => v.faults.push(
+                fault(format!("{id} is sound but not what {id} was sent as")),
+            ),
             Ok((_, id)) => found.entry(id).or_default().push((partition, offset)),
         }
     }
