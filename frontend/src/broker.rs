@@ -134,32 +134,25 @@ impl Broker {
         let mut incarnation: HashMap<String, u32> = HashMap::new();
         let mut next_pid = 0i64;
         let mut generations: HashMap<String, i32> = HashMap::new();
-        scan(&log, meta_partition, |r| {
-            match MetaRecord::decode(&r.payload).map_err(|what| FrontendError::Meta {
-                topic: META_TOPIC,
-                offset: r.offset,
-                what,
-            })? {
-                MetaRecord::DeleteTopic { name } => *incarnation.entry(name).or_default() += 1,
-                MetaRecord::ProducerId { id } => next_pid = next_pid.max(id + 1),
-                MetaRecord::Generation { group, generation } => {
-                    generations.insert(group, generation);
-                }
-                MetaRecord::Commits { .. } => {}
+        scan_meta(&log, meta_partition, META_TOPIC, |rec| match rec {
+            MetaRecord::DeleteTopic {
+                name,
+                incarnation: k,
+            } => {
+                let e = incarnation.entry(name).or_default();
+                *e = (*e).max(k);
             }
-            Ok(())
+            MetaRecord::ProducerId { id } => next_pid = next_pid.max(id + 1),
+            MetaRecord::Generation { group, generation } => {
+                let e = generations.entry(group).or_insert(generation);
+                *e = (*e).max(generation);
+            }
+            MetaRecord::Commits { .. } => {}
         })?;
         let offsets = Arc::new(Offsets::default());
-        scan(&log, offsets_partition, |r| {
-            match MetaRecord::decode(&r.payload).map_err(|what| FrontendError::Meta {
-                topic: OFFSETS_TOPIC,
-                offset: r.offset,
-                what,
-            })? {
-                MetaRecord::Commits { group, commits } => offsets.apply(&group, &commits),
-                other => tracing::warn!(?other, "unexpected record in {OFFSETS_TOPIC}"),
-            }
-            Ok(())
+        scan_meta(&log, offsets_partition, OFFSETS_TOPIC, |rec| match rec {
+            MetaRecord::Commits { group, commits } => offsets.apply(&group, &commits),
+            other => tracing::warn!(?other, "unexpected record in {OFFSETS_TOPIC}"),
         })?;
 
         let mut topics = Topics {
@@ -244,6 +237,11 @@ impl Broker {
 
     pub fn log(&self) -> &Arc<Log> {
         &self.log
+    }
+
+    /// Committed offsets as the broker serves them.
+    pub fn offsets(&self) -> &Offsets {
+        &self.offsets
     }
 
     /// Queues an append in the caller's order; the returned receiver resolves once it is durable
@@ -352,16 +350,18 @@ impl Broker {
         if !self.topics().map.contains_key(name) {
             return Ok(false);
         }
+        let incarnation = self.topics().incarnation.get(name).copied().unwrap_or(0) + 1;
         self.append_meta(
             self.meta_partition,
             &MetaRecord::DeleteTopic {
                 name: name.to_string(),
+                incarnation,
             },
         )
         .await?;
         let mut t = self.topics();
         t.map.remove(name);
-        *t.incarnation.entry(name.to_string()).or_default() += 1;
+        t.incarnation.insert(name.to_string(), incarnation);
         tracing::info!(topic = name, "topic deleted");
         Ok(true)
     }
@@ -379,10 +379,69 @@ impl Broker {
         Ok(id)
     }
 
+    /// Re-records the state replayed from the internal partitions (tombstones, the producer-id
+    /// high mark, group generations, every committed offset) at the tail of the log. The log
+    /// frees its oldest data when the ring is full; taking a snapshot every quarter ring keeps
+    /// the newest one of each inside what is retained. Replaying it again changes nothing.
+    pub async fn snapshot(&self) -> Result<(), LogError> {
+        let mut meta: Vec<MetaRecord> = self
+            .topics()
+            .incarnation
+            .iter()
+            .map(|(name, &incarnation)| MetaRecord::DeleteTopic {
+                name: name.clone(),
+                incarnation,
+            })
+            .collect();
+        let next = *lock(&self.next_producer_id);
+        if next > 0 {
+            meta.push(MetaRecord::ProducerId { id: next - 1 });
+        }
+        meta.extend(
+            self.groups
+                .generations()
+                .into_iter()
+                .map(|(group, generation)| MetaRecord::Generation { group, generation }),
+        );
+        let mut waits = Vec::new();
+        for r in &meta {
+            waits.push(self.append(self.meta_partition, r.encode(), 1).await?);
+        }
+        // A group's commits go in records that fit the log's largest payload.
+        let per_record = (self.log.max_payload() / 600).max(1);
+        for group in self.offsets.groups() {
+            for chunk in self.offsets.all(&group).chunks(per_record) {
+                let commits = chunk
+                    .iter()
+                    .map(|((topic, partition), c)| crate::meta::Commit {
+                        topic: topic.clone(),
+                        partition: *partition,
+                        offset: c.offset,
+                        leader_epoch: c.leader_epoch,
+                        metadata: c.metadata.clone(),
+                    })
+                    .collect();
+                let rec = MetaRecord::Commits {
+                    group: group.clone(),
+                    commits,
+                };
+                waits.push(self.append(self.offsets_partition, rec.encode(), 1).await?);
+            }
+        }
+        for w in waits {
+            w.await.map_err(|_| LogError::Shutdown)??;
+        }
+        Ok(())
+    }
+
     /// (start offset, durable end) of a partition.
     pub fn bounds(&self, partition: u32) -> Option<(u64, u64)> {
+        // Straight from the shared state: `Log::partition` copies the partition's whole index.
         self.log
-            .partition(partition)
+            .shared()
+            .lock()
+            .partitions
+            .get(&partition)
             .map(|v| (v.start_offset, v.durable_end))
     }
 }
@@ -399,11 +458,17 @@ fn scan(
     partition: u32,
     mut f: impl FnMut(&Record) -> Result<(), FrontendError>,
 ) -> Result<(), FrontendError> {
-    let Some(view) = log.partition(partition) else {
+    let Some((start, end)) = log
+        .shared()
+        .lock()
+        .partitions
+        .get(&partition)
+        .map(|v| (v.start_offset, v.durable_end))
+    else {
         return Ok(());
     };
-    let mut next = view.start_offset;
-    while next < view.durable_end {
+    let mut next = start;
+    while next < end {
         let recs = match log.read(partition, next, 4 << 20) {
             Ok(r) => r,
             // Retention freed the head meanwhile: go on from what is retained now.
@@ -427,6 +492,24 @@ fn scan(
         }
     }
     Ok(())
+}
+
+/// Replays one internal partition's records.
+fn scan_meta(
+    log: &Log,
+    partition: u32,
+    topic: &'static str,
+    mut f: impl FnMut(MetaRecord),
+) -> Result<(), FrontendError> {
+    scan(log, partition, |r| {
+        let rec = MetaRecord::decode(&r.payload).map_err(|what| FrontendError::Meta {
+            topic,
+            offset: r.offset,
+            what,
+        })?;
+        f(rec);
+        Ok(())
+    })
 }
 
 /// Bridges the log's condition variable to a tokio watch: long-polling fetches wait on it.

@@ -90,7 +90,8 @@ pub enum Refusal {
 pub async fn serve(broker: Arc<Broker>, stream: TcpStream) {
     let peer = stream.peer_addr().ok();
     let _ = stream.set_nodelay(true);
-    let (mut rd, wr) = stream.into_split();
+    let (rd, wr) = stream.into_split();
+    let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
     let (tx, mut rx) = mpsc::channel::<Reply>(broker.cfg.max_in_flight_per_connection.max(1));
     let writer = tokio::spawn(async move {
         let mut wr = BufWriter::with_capacity(64 << 10, wr);
@@ -111,11 +112,8 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream) {
         let _ = wr.flush().await;
     });
     let max = broker.cfg.max_frame;
-    loop {
-        let len = match rd.read_i32().await {
-            Ok(l) => i64::from(l),
-            Err(_) => break,
-        };
+    while let Ok(len) = rd.read_i32().await {
+        let len = i64::from(len);
         if len < 8 || len as u64 > max as u64 {
             let r = if len < 8 {
                 Refusal::Short(len.max(0) as usize)

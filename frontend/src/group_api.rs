@@ -21,8 +21,11 @@ use kafka_protocol::protocol::StrBytes;
 use crate::broker::Broker;
 use crate::codes;
 use crate::conn::{Ctx, Reply};
-use crate::groups::{JoinRequest, JoinResult, SyncResult};
+use crate::groups::{Answer, JoinRequest, JoinResult, SyncResult};
 use crate::meta::{Commit, MetaRecord};
+
+/// Per partition of a commit: its index and its error, or None to be committed.
+type PartitionPlan = Vec<(i32, Option<i16>)>;
 
 /// Kafka's offset.metadata.max.bytes default.
 const MAX_COMMIT_METADATA: usize = 4096;
@@ -54,8 +57,8 @@ pub fn join(b: &Arc<Broker>, ctx: &Ctx, req: JoinGroupRequest) -> Reply {
     let ctx = ctx.clone();
     Box::pin(async move {
         let r = match held {
-            Err(r) => r,
-            Ok(rx) => rx.await.unwrap_or(JoinResult {
+            Answer::Now(r) => r,
+            Answer::Held(rx) => rx.await.unwrap_or(JoinResult {
                 error: codes::REBALANCE_IN_PROGRESS,
                 generation: -1,
                 ..Default::default()
@@ -96,8 +99,8 @@ pub fn sync(b: &Arc<Broker>, ctx: &Ctx, req: SyncGroupRequest) -> Reply {
     let ctx = ctx.clone();
     Box::pin(async move {
         let r = match held {
-            Err(r) => r,
-            Ok(rx) => rx.await.unwrap_or(SyncResult {
+            Answer::Now(r) => r,
+            Answer::Held(rx) => rx.await.unwrap_or(SyncResult {
                 error: codes::REBALANCE_IN_PROGRESS,
                 ..Default::default()
             }),
@@ -155,7 +158,7 @@ pub async fn offset_commit(b: &Arc<Broker>, ctx: &Ctx, req: OffsetCommitRequest)
         req.member_id.as_str(),
     );
     // Per partition: its error, or None to be committed.
-    let mut plan: Vec<(TopicName, Vec<(i32, Option<i16>)>)> = Vec::new();
+    let mut plan: Vec<(TopicName, PartitionPlan)> = Vec::new();
     let mut commits = Vec::new();
     for t in &req.topics {
         let known = b.topics().map.get(t.name.as_str()).map(|p| p.len());

@@ -48,6 +48,22 @@ pub struct SyncResult {
     pub assignment: Bytes,
 }
 
+/// A coordinator answer: at once, or held until the group moves on.
+pub enum Answer<T> {
+    Now(T),
+    Held(oneshot::Receiver<T>),
+}
+
+impl<T> Answer<T> {
+    /// For tests: the answer if it is there already.
+    pub fn try_now(self) -> Option<T> {
+        match self {
+            Answer::Now(t) => Some(t),
+            Answer::Held(mut rx) => rx.try_recv().ok(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Empty,
@@ -118,8 +134,7 @@ impl Groups {
         })
     }
 
-    /// JoinGroup: Err is an immediate answer, Ok the held one.
-    pub fn join(&self, req: JoinRequest) -> Result<oneshot::Receiver<JoinResult>, JoinResult> {
+    pub fn join(&self, req: JoinRequest) -> Answer<JoinResult> {
         let refuse = |error, member_id: &str| JoinResult {
             error,
             generation: -1,
@@ -127,18 +142,18 @@ impl Groups {
             ..Default::default()
         };
         if req.group.is_empty() {
-            return Err(refuse(codes::INVALID_GROUP_ID, &req.member_id));
+            return Answer::Now(refuse(codes::INVALID_GROUP_ID, &req.member_id));
         }
         if !(MIN_SESSION_TIMEOUT..=MAX_SESSION_TIMEOUT).contains(&req.session_timeout_ms) {
-            return Err(refuse(codes::INVALID_SESSION_TIMEOUT, &req.member_id));
+            return Answer::Now(refuse(codes::INVALID_SESSION_TIMEOUT, &req.member_id));
         }
         if req.protocols.is_empty() || req.protocol_type.is_empty() {
-            return Err(refuse(codes::INCONSISTENT_GROUP_PROTOCOL, &req.member_id));
+            return Answer::Now(refuse(codes::INCONSISTENT_GROUP_PROTOCOL, &req.member_id));
         }
         let mut m = lock(&self.groups);
         let g = self.group(&mut m, &req.group);
         if !req.member_id.is_empty() && !g.members.contains_key(&req.member_id) {
-            return Err(refuse(codes::UNKNOWN_MEMBER_ID, &req.member_id));
+            return Answer::Now(refuse(codes::UNKNOWN_MEMBER_ID, &req.member_id));
         }
         let others_share = g
             .members
@@ -154,7 +169,7 @@ impl Groups {
                 .as_deref()
                 .is_none_or(|t| t == req.protocol_type);
         if !others_share || !type_ok {
-            return Err(refuse(codes::INCONSISTENT_GROUP_PROTOCOL, &req.member_id));
+            return Answer::Now(refuse(codes::INCONSISTENT_GROUP_PROTOCOL, &req.member_id));
         }
         let member_id = if req.member_id.is_empty() {
             let n = self.next_member.fetch_add(1, Ordering::Relaxed);
@@ -182,7 +197,7 @@ impl Groups {
         g.protocol_type = Some(req.protocol_type);
         self.prepare(g, now);
         self.try_complete(g);
-        Ok(rx)
+        Answer::Held(rx)
     }
 
     /// Starts a rebalance (if none runs): held syncs learn of it.
@@ -283,27 +298,26 @@ impl Groups {
         }
     }
 
-    /// SyncGroup: Err is an immediate answer, Ok the held one.
     pub fn sync(
         &self,
         group: &str,
         generation: i32,
         member_id: &str,
         assignments: Vec<(String, Bytes)>,
-    ) -> Result<oneshot::Receiver<SyncResult>, SyncResult> {
+    ) -> Answer<SyncResult> {
         let refuse = |error| SyncResult {
             error,
             ..Default::default()
         };
         let mut m = lock(&self.groups);
         let Some(g) = m.get_mut(group) else {
-            return Err(refuse(codes::UNKNOWN_MEMBER_ID));
+            return Answer::Now(refuse(codes::UNKNOWN_MEMBER_ID));
         };
         if !g.members.contains_key(member_id) {
-            return Err(refuse(codes::UNKNOWN_MEMBER_ID));
+            return Answer::Now(refuse(codes::UNKNOWN_MEMBER_ID));
         }
         if generation != g.generation {
-            return Err(refuse(codes::ILLEGAL_GENERATION));
+            return Answer::Now(refuse(codes::ILLEGAL_GENERATION));
         }
         let answer = |g: &Group, a: Bytes| SyncResult {
             error: codes::NONE,
@@ -312,14 +326,16 @@ impl Groups {
             assignment: a,
         };
         match g.state {
-            State::Empty | State::Preparing { .. } => Err(refuse(codes::REBALANCE_IN_PROGRESS)),
+            State::Empty | State::Preparing { .. } => {
+                Answer::Now(refuse(codes::REBALANCE_IN_PROGRESS))
+            }
             State::Stable => {
                 let a = g
                     .members
                     .get(member_id)
                     .map(|m| m.assignment.clone())
                     .unwrap_or_default();
-                Err(answer(g, a))
+                Answer::Now(answer(g, a))
             }
             State::Completing => {
                 let (tx, rx) = oneshot::channel();
@@ -345,7 +361,7 @@ impl Groups {
                         }
                     }
                 }
-                Ok(rx)
+                Answer::Held(rx)
             }
         }
     }
@@ -453,9 +469,15 @@ impl Groups {
         }
     }
 
-    /// The generation a group is at, for tests and recording.
-    pub fn generation(&self, group: &str) -> Option<i32> {
-        lock(&self.groups).get(group).map(|g| g.generation)
+    /// Every group's generation: the live ones, and those only replayed.
+    pub fn generations(&self) -> Vec<(String, i32)> {
+        let mut all = self.replayed.clone();
+        for (name, g) in lock(&self.groups).iter() {
+            all.insert(name.clone(), g.generation);
+        }
+        let mut v: Vec<_> = all.into_iter().collect();
+        v.sort();
+        v
     }
 }
 
@@ -478,31 +500,35 @@ mod tests {
     #[test]
     fn two_members_join_sync_and_rebalance_when_one_leaves() {
         let gs = Groups::new(HashMap::from([("g".to_string(), 4)]));
-        let mut a = gs.join(req("g", "")).unwrap();
-        let ja = a.try_recv().unwrap();
+        let ja = gs.join(req("g", "")).try_now().unwrap();
         assert_eq!((ja.error, ja.generation), (codes::NONE, 5));
         assert_eq!(ja.leader, ja.member_id);
         // B joins: a rebalance starts; A learns through its heartbeat and rejoins.
-        let mut b = gs.join(req("g", "")).unwrap();
-        assert!(b.try_recv().is_err());
+        let Answer::Held(mut b) = gs.join(req("g", "")) else {
+            panic!("B's join answered before A rejoined")
+        };
         assert_eq!(
             gs.heartbeat("g", 5, &ja.member_id),
             codes::REBALANCE_IN_PROGRESS
         );
-        let mut a2 = gs.join(req("g", &ja.member_id)).unwrap();
+        let Answer::Held(mut a2) = gs.join(req("g", &ja.member_id)) else {
+            panic!("A's rejoin was not held")
+        };
         let (ja2, jb) = (a2.try_recv().unwrap(), b.try_recv().unwrap());
         assert_eq!((ja2.generation, jb.generation), (6, 6));
         assert_eq!(ja2.members.len(), 2);
         assert!(jb.members.is_empty());
         // B's sync waits for the leader's assignment.
-        let mut sb = gs.sync("g", 6, &jb.member_id, vec![]).unwrap();
+        let Answer::Held(mut sb) = gs.sync("g", 6, &jb.member_id, vec![]) else {
+            panic!("B's sync answered before the leader's")
+        };
         assert!(sb.try_recv().is_err());
         let assignments = vec![
             (ja2.member_id.clone(), Bytes::from_static(b"A")),
             (jb.member_id.clone(), Bytes::from_static(b"B")),
         ];
-        let mut sa = gs.sync("g", 6, &ja2.member_id, assignments).unwrap();
-        assert_eq!(sa.try_recv().unwrap().assignment, Bytes::from_static(b"A"));
+        let sa = gs.sync("g", 6, &ja2.member_id, assignments);
+        assert_eq!(sa.try_now().unwrap().assignment, Bytes::from_static(b"A"));
         assert_eq!(sb.try_recv().unwrap().assignment, Bytes::from_static(b"B"));
         assert_eq!(gs.may_commit("g", 6, &jb.member_id), codes::NONE);
         assert_eq!(
@@ -510,7 +536,10 @@ mod tests {
             codes::ILLEGAL_GENERATION
         );
         // A leaves: B rejoins alone and leads generation 7.
-        assert_eq!(gs.leave("g", &[ja2.member_id.clone()]), vec![codes::NONE]);
+        assert_eq!(
+            gs.leave("g", std::slice::from_ref(&ja2.member_id)),
+            vec![codes::NONE]
+        );
         assert_eq!(
             gs.heartbeat("g", 6, &ja2.member_id),
             codes::UNKNOWN_MEMBER_ID
@@ -519,11 +548,7 @@ mod tests {
             gs.heartbeat("g", 6, &jb.member_id),
             codes::REBALANCE_IN_PROGRESS
         );
-        let jb2 = gs
-            .join(req("g", &jb.member_id))
-            .unwrap()
-            .try_recv()
-            .unwrap();
+        let jb2 = gs.join(req("g", &jb.member_id)).try_now().unwrap();
         assert_eq!(
             (jb2.generation, jb2.leader.as_str()),
             (7, jb.member_id.as_str())
@@ -536,11 +561,13 @@ mod tests {
         let mut r = req("g", "");
         r.session_timeout_ms = 1000;
         r.rebalance_timeout_ms = 1000;
-        let ja = gs.join(r).unwrap().try_recv().unwrap();
+        let ja = gs.join(r).try_now().unwrap();
         let mut r2 = req("g", "");
         r2.session_timeout_ms = 1000;
         r2.rebalance_timeout_ms = 1000;
-        let mut b = gs.join(r2).unwrap();
+        let Answer::Held(mut b) = gs.join(r2) else {
+            panic!("B's join was not held")
+        };
         // A never rejoins: after the rebalance timeout B gets a generation of its own.
         gs.tick(Instant::now() + Duration::from_secs(2));
         let jb = b.try_recv().unwrap();
@@ -555,6 +582,9 @@ mod tests {
             gs.heartbeat("g", jb.generation, &jb.member_id),
             codes::UNKNOWN_MEMBER_ID
         );
-        assert!(gs.join(req("", "")).is_err());
+        assert_eq!(
+            gs.join(req("", "")).try_now().map(|r| r.error),
+            Some(codes::INVALID_GROUP_ID)
+        );
     }
 }

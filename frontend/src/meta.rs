@@ -16,11 +16,12 @@ pub struct Commit {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaRecord {
-    /// The topic is deleted; a topic of that name created later is a new incarnation.
-    DeleteTopic { name: String },
+    /// The topic is deleted: a topic of that name created later is `incarnation` (the count of
+    /// deletions so far, so that re-recording it in a snapshot changes nothing).
+    DeleteTopic { name: String, incarnation: u32 },
     /// Producer ids up to this one are handed out.
     ProducerId { id: i64 },
-    /// The group completed a rebalance to this generation.
+    /// The group completed a rebalance to this generation (the highest recorded counts).
     Generation { group: String, generation: i32 },
     /// Offsets a group committed in one request.
     Commits { group: String, commits: Vec<Commit> },
@@ -49,9 +50,10 @@ impl MetaRecord {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         match self {
-            MetaRecord::DeleteTopic { name } => {
+            MetaRecord::DeleteTopic { name, incarnation } => {
                 out.push(TAG_DELETE);
                 put_str(&mut out, name);
+                out.extend(incarnation.to_be_bytes());
             }
             MetaRecord::ProducerId { id } => {
                 out.push(TAG_PRODUCER_ID);
@@ -87,7 +89,10 @@ impl MetaRecord {
     pub fn decode(b: &[u8]) -> Result<MetaRecord, String> {
         let mut c = Cursor { b, at: 0 };
         let r = match c.u8()? {
-            TAG_DELETE => MetaRecord::DeleteTopic { name: c.str()? },
+            TAG_DELETE => MetaRecord::DeleteTopic {
+                name: c.str()?,
+                incarnation: c.i32()? as u32,
+            },
             TAG_PRODUCER_ID => MetaRecord::ProducerId { id: c.i64()? },
             TAG_GENERATION => MetaRecord::Generation {
                 group: c.str()?,
@@ -173,7 +178,10 @@ mod tests {
     #[test]
     fn records_round_trip_and_damage_is_refused() {
         let recs = [
-            MetaRecord::DeleteTopic { name: "t".into() },
+            MetaRecord::DeleteTopic {
+                name: "t".into(),
+                incarnation: 2,
+            },
             MetaRecord::ProducerId { id: 42 },
             MetaRecord::Generation {
                 group: "g".into(),

@@ -13,10 +13,13 @@ pub struct Committed {
     pub metadata: Option<String>,
 }
 
-/// group → (topic, partition) → committed.
+/// (topic, partition) → committed, for one group.
+type GroupOffsets = HashMap<(String, i32), Committed>;
+
+/// group → its offsets.
 #[derive(Debug, Default)]
 pub struct Offsets {
-    map: Mutex<HashMap<String, HashMap<(String, i32), Committed>>>,
+    map: Mutex<HashMap<String, GroupOffsets>>,
 }
 
 impl Offsets {
@@ -40,6 +43,12 @@ impl Offsets {
             .get(group)
             .and_then(|g| g.get(&(topic.to_string(), partition)))
             .cloned()
+    }
+
+    pub fn groups(&self) -> Vec<String> {
+        let mut v: Vec<String> = lock(&self.map).keys().cloned().collect();
+        v.sort();
+        v
     }
 
     /// Every committed (topic, partition) of a group, sorted.

@@ -41,9 +41,22 @@ pub async fn serve(
         let b = broker.clone();
         tasks.spawn(async move {
             let mut every = tokio::time::interval(Duration::from_millis(200));
+            let quarter_ring = (b.log().geometry().log_size / 4).max(1);
+            // A snapshot at start too: what was replayed may sit near the head of the ring.
+            let mut snapped_at: Option<u64> = None;
             loop {
                 every.tick().await;
                 b.groups.tick(std::time::Instant::now());
+                let d = b.log().durable();
+                if snapped_at.is_none_or(|s| d.saturating_sub(s) >= quarter_ring) {
+                    match b.snapshot().await {
+                        Ok(()) => snapped_at = Some(d),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "snapshot of the internal state failed");
+                            snapped_at = Some(d);
+                        }
+                    }
+                }
             }
         });
     }

@@ -6,6 +6,7 @@ mod check_storage;
 mod config;
 mod describe;
 mod devspec;
+mod kafka_bench;
 mod examined;
 mod inspect;
 mod logging;
@@ -70,6 +71,8 @@ enum Command {
     BenchRecovery(bench_recovery::BenchRecoveryArgs),
     /// Serve Kafka clients (the Kafka protocol frontend) over a device.
     Serve(serve::ServeArgs),
+    /// Measure the Kafka frontend: producers speaking the protocol, acks=all.
+    KafkaBench(kafka_bench::KafkaBenchArgs),
 }
 
 /// How a command that ran to the end judged what it saw.
@@ -114,6 +117,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::BenchRecovery(a) => bench_recovery::run(a).map(|()| Status::Ok),
         Command::Serve(a) => serve::run(a).map(|()| Status::Ok),
+        Command::KafkaBench(a) => kafka_bench::run(a).map(|()| Status::Ok),
     };
     match result {
         Ok(s) => ExitCode::from(s.code()),

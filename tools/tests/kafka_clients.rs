@@ -121,8 +121,14 @@ impl Drop for Server {
     }
 }
 
-/// Runs a scenario to completion; returns its stdout.
+/// Runs a scenario to completion; returns its stdout (printed too).
 fn scenario(addr: &str, what: &str, args: &[&str]) -> String {
+    let text = scenario_quiet(addr, what, args);
+    println!("{what}: {text}");
+    text
+}
+
+fn scenario_quiet(addr: &str, what: &str, args: &[&str]) -> String {
     let out = Command::new(python())
         .arg(clients_dir().join("scenarios.py"))
         .arg(addr)
@@ -132,8 +138,8 @@ fn scenario(addr: &str, what: &str, args: &[&str]) -> String {
         .output()
         .expect("running scenarios.py");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    println!("{what}: {text}");
-    assert!(out.status.success(), "scenario {what} failed: {text}");
+    let last = text.lines().last().unwrap_or("");
+    assert!(out.status.success(), "scenario {what} failed: {last}");
     text
 }
 
@@ -322,22 +328,4 @@ fn every_acknowledged_message_survives_sigkill_of_the_broker() {
         !acked.is_empty(),
         "seed {seed}: the producer never got an ack"
     );
-}
-
-fn scenario_quiet(addr: &str, what: &str, args: &[&str]) -> String {
-    let out = Command::new(python())
-        .arg(clients_dir().join("scenarios.py"))
-        .arg(addr)
-        .arg(what)
-        .args(args)
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("running scenarios.py");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "scenario {what} failed: {}",
-        text.lines().last().unwrap_or("")
-    );
-    text
 }
