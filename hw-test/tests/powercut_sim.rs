@@ -135,7 +135,14 @@ fn the_cli_reports_json_and_exits_3_on_loss() {
         let ledger = dir.join(format!("powercut-cli-{flush}-{seed}.ledger"));
         let _ = std::fs::remove_file(&ledger);
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_nvmq-rig"))
-            .args(["--in-process-sim", "--sim-flush", flush, "--json", "--cycles", "3"])
+            .args([
+                "--in-process-sim",
+                "--sim-flush",
+                flush,
+                "--json",
+                "--cycles",
+                "3",
+            ])
             .args(["--cut-after-min", "20ms", "--cut-after-max", "120ms"])
             .arg("--seed")
             .arg(seed.to_string())
@@ -163,4 +170,86 @@ fn the_cli_reports_json_and_exits_3_on_loss() {
     assert_eq!(code, Some(3), "seed {seed}: {r}");
     assert_eq!(r["totals"]["passed"], false);
     assert!(r["totals"]["lost_acked"].as_u64().is_some_and(|n| n > 0));
+}
+
+/// Flips one bit, on the sim medium, inside the last record the ledger says was acknowledged,
+/// while the power is off. Recovery either takes the damaged batch for a torn tail and cuts it
+/// (then the verifier must report those acks lost) or finds acknowledged data past it and refuses
+/// to open (then the broker never comes back and the run fails).
+struct Corrupting {
+    inner: SimBroker,
+    ledger: PathBuf,
+    damaged: Option<u64>,
+}
+
+impl hw_test::powercut::PowerSwitch for Corrupting {
+    fn cut(&mut self) -> Result<(), hw_test::powercut::RigError> {
+        self.inner.cut()
+    }
+
+    fn restore(&mut self) -> Result<(), hw_test::powercut::RigError> {
+        if self.damaged.is_none() {
+            let l = ledger::read(&self.ledger).expect("ledger");
+            let e = l.entries[l.entries.len() - 1];
+            let want = hw_test::powercut::payload::encode(l.header.run, e.id, l.header.body_len);
+            let h = self.inner.handle();
+            let chunk = 4 << 20;
+            let mut at = 0u64;
+            while self.damaged.is_none() && at < 64 << 20 {
+                let got = h.peek(at, chunk + want.len());
+                if let Some(i) = got.windows(want.len()).position(|w| w == want) {
+                    let byte = at + i as u64 + want.len() as u64 / 2;
+                    h.flip_bit(byte, 3);
+                    self.damaged = Some(byte);
+                }
+                at += chunk as u64;
+            }
+            assert!(
+                self.damaged.is_some(),
+                "acknowledged record {} not found on the medium",
+                e.id
+            );
+        }
+        self.inner.restore()
+    }
+
+    fn recovery_report(&mut self) -> Option<String> {
+        self.inner.recovery_report()
+    }
+}
+
+#[test]
+fn an_acknowledged_record_damaged_on_the_medium_fails_the_run() {
+    let seed = seed(3);
+    let inner = SimBroker::start(SimBrokerConfig {
+        seed,
+        ..SimBrokerConfig::default()
+    })
+    .expect("sim broker");
+    let mut o = options(&inner, "damaged", seed, 2);
+    o.cut_after = (Duration::from_millis(150), Duration::from_millis(200));
+    let mut switch = Corrupting {
+        inner,
+        ledger: o.ledger.clone(),
+        damaged: None,
+    };
+    let outcome = powercut::run(&o, &mut switch, |c| eprintln!("{c}"));
+    assert!(switch.damaged.is_some());
+    match outcome {
+        Ok(r) => {
+            eprintln!("{r}");
+            assert!(
+                !r.passed(),
+                "seed {seed}: a damaged acknowledged record went unnoticed"
+            );
+            assert!(r.totals.lost_acked + r.totals.checksum_failures > 0);
+        }
+        Err(e) => {
+            eprintln!("seed {seed}: the run stopped: {e}");
+            assert!(
+                e.to_string().contains("damage inside acknowledged data"),
+                "seed {seed}: {e}"
+            );
+        }
+    }
 }
