@@ -6,9 +6,9 @@ mod check_storage;
 mod config;
 mod describe;
 mod devspec;
-mod kafka_bench;
 mod examined;
 mod inspect;
+mod kafka_bench;
 mod logging;
 #[allow(dead_code)] // Used by `nvmq serve` (another branch); tested here.
 mod metrics;
