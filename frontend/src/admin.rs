@@ -1,17 +1,20 @@
-//! ApiVersions, Metadata, CreateTopics, DeleteTopics, FindCoordinator, InitProducerId.
+//! ApiVersions, Metadata, CreateTopics, CreatePartitions, DeleteTopics, FindCoordinator,
+//! InitProducerId.
 
 use std::sync::Arc;
 
 use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
 use kafka_protocol::messages::{
-    ApiVersionsResponse, BrokerId, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest,
-    DeleteTopicsResponse, FindCoordinatorRequest, FindCoordinatorResponse, InitProducerIdRequest,
-    InitProducerIdResponse, MetadataRequest, MetadataResponse, TopicName,
+    ApiVersionsResponse, BrokerId, CreatePartitionsRequest, CreatePartitionsResponse,
+    CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, InitProducerIdRequest, InitProducerIdResponse,
+    MetadataRequest, MetadataResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -23,6 +26,8 @@ use crate::versions::TABLE;
 /// The node id nvmq answers as (a single broker).
 pub const NODE_ID: i32 = 0;
 const CLUSTER_ID: &str = "nvmq";
+/// Partitions one CreateTopics may ask for per topic: each is created durably (a flush apiece).
+const MAX_PARTITIONS: u32 = 1000;
 
 fn versions_body(error: i16) -> ApiVersionsResponse {
     let mut r = ApiVersionsResponse::default();
@@ -138,7 +143,7 @@ pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest)
         } else {
             u32::try_from(t.num_partitions)
                 .ok()
-                .filter(|&p| p > 0 && p <= 10_000)
+                .filter(|&p| p > 0 && p <= MAX_PARTITIONS)
                 .ok_or(())
         };
         let (code, msg) = if !valid_topic_name(&n) {
@@ -178,6 +183,56 @@ pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest)
             r.error_message = Some(StrBytes::from_string(msg));
         }
         resp.topics.push(r);
+    }
+    ctx.ready(&resp)
+}
+
+const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
+
+pub async fn create_partitions(b: &Arc<Broker>, ctx: &Ctx, req: CreatePartitionsRequest) -> Reply {
+    let mut resp = CreatePartitionsResponse::default();
+    for t in req.topics {
+        let n = t.name.as_str().to_string();
+        let only_here = t.assignments.as_ref().is_none_or(|a| {
+            a.iter()
+                .all(|x| x.broker_ids.iter().all(|id| id.0 == NODE_ID))
+        });
+        let (code, msg) = match u32::try_from(t.count)
+            .ok()
+            .filter(|&c| c > 0 && c <= MAX_PARTITIONS)
+        {
+            None => (codes::INVALID_PARTITIONS, format!("{} partitions", t.count)),
+            Some(_) if !only_here => (
+                INVALID_REPLICA_ASSIGNMENT,
+                format!("a single broker (node {NODE_ID}) holds every partition"),
+            ),
+            Some(count) if req.validate_only => {
+                match b.topics().map.get(&n).map(|p| p.len() as u32) {
+                    None => (codes::UNKNOWN_TOPIC_OR_PARTITION, format!("no topic {n:?}")),
+                    Some(have) if have >= count => (
+                        codes::INVALID_PARTITIONS,
+                        format!("topic {n:?} has {have} partitions"),
+                    ),
+                    Some(_) => (codes::NONE, String::new()),
+                }
+            }
+            Some(count) => match b.grow_topic(&n, count).await {
+                Ok(None) => (codes::UNKNOWN_TOPIC_OR_PARTITION, format!("no topic {n:?}")),
+                Ok(Some(Err(have))) => (
+                    codes::INVALID_PARTITIONS,
+                    format!("topic {n:?} has {have} partitions"),
+                ),
+                Ok(Some(Ok(()))) => (codes::NONE, String::new()),
+                Err(e) => (codes::KAFKA_STORAGE_ERROR, e.to_string()),
+            },
+        };
+        let mut r = CreatePartitionsTopicResult::default();
+        r.name = t.name;
+        r.error_code = code;
+        if code != codes::NONE {
+            r.error_message = Some(StrBytes::from_string(msg));
+        }
+        resp.results.push(r);
     }
     ctx.ready(&resp)
 }

@@ -29,6 +29,9 @@ pub struct Config {
     pub max_frame: usize,
     /// Requests one connection may have decoded but not yet answered.
     pub max_in_flight_per_connection: usize,
+    /// A connection with nothing in flight that sends nothing for this long is closed (Kafka's
+    /// connections.max.idle.ms); it also bounds a client that stops halfway through a frame.
+    pub idle_timeout: std::time::Duration,
 }
 
 impl Default for Config {
@@ -40,6 +43,7 @@ impl Default for Config {
             default_partitions: 1,
             max_frame: 64 << 20,
             max_in_flight_per_connection: 1024,
+            idle_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -325,22 +329,58 @@ impl Broker {
             }
             t.log_name(name)
         };
-        let mut ids = Vec::with_capacity(partitions as usize);
-        for index in 0..partitions {
-            let existing = self.log.partition_id(&log_name, index);
-            let id = match existing {
+        let ids = self.create_partitions(&log_name, 0..partitions).await?;
+        self.topics().map.insert(name.to_string(), ids);
+        tracing::info!(topic = name, partitions, "topic created");
+        Ok(true)
+    }
+
+    /// Grows a topic to `count` partitions: Ok(Err(current count)) if it does not have fewer,
+    /// Ok(Ok(())) when grown, None in the outer Option if there is no such topic.
+    pub async fn grow_topic(
+        &self,
+        name: &str,
+        count: u32,
+    ) -> Result<Option<Result<(), u32>>, LogError> {
+        let _one_at_a_time = self.create_lock.lock().await;
+        let (log_name, have) = {
+            let t = self.topics();
+            match t.map.get(name) {
+                None => return Ok(None),
+                Some(p) => (t.log_name(name), p.len() as u32),
+            }
+        };
+        if count <= have {
+            return Ok(Some(Err(have)));
+        }
+        let ids = self.create_partitions(&log_name, have..count).await?;
+        if let Some(p) = self.topics().map.get_mut(name) {
+            p.extend(ids);
+        }
+        tracing::info!(topic = name, partitions = count, "topic grown");
+        Ok(Some(Ok(())))
+    }
+
+    /// The log partitions (log_name, index) for the indexes given, created durably where they
+    /// do not exist yet (a create cut short by a crash may have left some).
+    async fn create_partitions(
+        &self,
+        log_name: &str,
+        indexes: std::ops::Range<u32>,
+    ) -> Result<Vec<u32>, LogError> {
+        let mut ids = Vec::with_capacity(indexes.len());
+        for index in indexes {
+            let id = match self.log.partition_id(log_name, index) {
                 Some(id) => id,
                 None => {
-                    let n = log_name.clone();
+                    let n = log_name.to_string();
                     self.blocking(move |log| log.create_partition(&n, index))
                         .await??
                 }
             };
             ids.push(id);
         }
-        self.topics().map.insert(name.to_string(), ids);
-        tracing::info!(topic = name, partitions, "topic created");
-        Ok(true)
+        Ok(ids)
     }
 
     /// Deletes a topic: a durable tombstone in `__nvmq_meta`, then the topic is gone from the

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Encodable};
+use std::collections::VecDeque;
+use std::task::Poll;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 
 use crate::broker::Broker;
 use crate::versions::{self, Support};
@@ -87,60 +88,130 @@ pub enum Refusal {
     Malformed { what: String, why: String },
 }
 
+/// What the connection's task waits for next.
+enum Event {
+    /// The oldest request's answer is ready.
+    Answer(Outcome),
+    /// Bytes arrived (0: the client closed its side).
+    Input(std::io::Result<usize>),
+    /// Nothing is ready: time to push buffered answers out.
+    Idle,
+}
+
+/// One task per connection: it reads and starts requests, and writes answers in request order as
+/// they complete. The oldest answer and new input are awaited together, so an ack wakes this task
+/// once and its answer goes out at once.
 pub async fn serve(broker: Arc<Broker>, stream: TcpStream) {
     let peer = stream.peer_addr().ok();
     let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
-    let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
-    let (tx, mut rx) = mpsc::channel::<Reply>(broker.cfg.max_in_flight_per_connection.max(1));
-    let writer = tokio::spawn(async move {
-        let mut wr = BufWriter::with_capacity(64 << 10, wr);
-        while let Some(reply) = rx.recv().await {
-            match reply.await {
-                Outcome::Send(b) => {
-                    if wr.write_all(&b).await.is_err() {
-                        return;
-                    }
-                }
-                Outcome::Nothing => {}
-                Outcome::Close => return,
-            }
-            if rx.is_empty() && wr.flush().await.is_err() {
-                return;
-            }
-        }
-        let _ = wr.flush().await;
-    });
+    let (mut rd, wr) = stream.into_split();
+    let mut wr = BufWriter::with_capacity(64 << 10, wr);
+    let mut input = BytesMut::with_capacity(64 << 10);
+    let mut pending: VecDeque<Reply> = VecDeque::new();
+    let max_in_flight = broker.cfg.max_in_flight_per_connection.max(1);
     let max = broker.cfg.max_frame;
-    while let Ok(len) = rd.read_i32().await {
-        let len = i64::from(len);
-        if len < 8 || len as u64 > max as u64 {
-            let r = if len < 8 {
-                Refusal::Short(len.max(0) as usize)
-            } else {
-                Refusal::TooLarge { len, max }
-            };
-            tracing::warn!(?peer, error = %r, "closing connection");
-            break;
-        }
-        let mut frame = BytesMut::zeroed(len as usize);
-        if rd.read_exact(&mut frame).await.is_err() {
-            break;
-        }
-        match start(&broker, frame.freeze()).await {
-            Ok(reply) => {
-                if tx.send(reply).await.is_err() {
+    let mut eof = false;
+    let mut unflushed = false;
+    loop {
+        while !eof && pending.len() < max_in_flight {
+            let frame = match next_frame(&mut input, max) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(r) => {
+                    tracing::warn!(?peer, error = %r, "closing connection");
+                    eof = true;
                     break;
                 }
+            };
+            match start(&broker, frame).await {
+                Ok(reply) => pending.push_back(reply),
+                Err(r) => {
+                    tracing::warn!(?peer, error = %r, "closing connection");
+                    eof = true;
+                }
             }
-            Err(r) => {
-                tracing::warn!(?peer, error = %r, "closing connection");
-                break;
+        }
+        if eof && pending.is_empty() {
+            let _ = wr.flush().await;
+            return;
+        }
+        let reading = !eof && pending.len() < max_in_flight;
+        let idle = pending.is_empty() && !unflushed;
+        let next = std::future::poll_fn(|cx| {
+            if let Some(front) = pending.front_mut() {
+                if let Poll::Ready(o) = front.as_mut().poll(cx) {
+                    return Poll::Ready(Event::Answer(o));
+                }
+            }
+            if reading {
+                input.reserve(64 << 10);
+                let read = rd.read_buf(&mut input);
+                tokio::pin!(read);
+                if let Poll::Ready(r) = read.poll(cx) {
+                    return Poll::Ready(Event::Input(r));
+                }
+            }
+            if unflushed {
+                return Poll::Ready(Event::Idle);
+            }
+            Poll::Pending
+        });
+        let event = if idle {
+            match tokio::time::timeout(broker.cfg.idle_timeout, next).await {
+                Ok(e) => e,
+                Err(_) => {
+                    tracing::info!(?peer, "closing an idle connection");
+                    return;
+                }
+            }
+        } else {
+            next.await
+        };
+        match event {
+            Event::Answer(o) => {
+                pending.pop_front();
+                match o {
+                    Outcome::Send(b) => {
+                        if wr.write_all(&b).await.is_err() {
+                            return;
+                        }
+                        unflushed = true;
+                    }
+                    Outcome::Nothing => {}
+                    Outcome::Close => return,
+                }
+            }
+            Event::Input(Ok(0)) | Event::Input(Err(_)) => eof = true,
+            Event::Input(Ok(_)) => {}
+            Event::Idle => {
+                if wr.flush().await.is_err() {
+                    return;
+                }
+                unflushed = false;
             }
         }
     }
-    drop(tx);
-    let _ = writer.await;
+}
+
+/// Takes one whole request frame (without its length) off the front of `input`, if there.
+fn next_frame(input: &mut BytesMut, max: usize) -> Result<Option<Bytes>, Refusal> {
+    if input.len() < 4 {
+        return Ok(None);
+    }
+    let len = i64::from(i32::from_be_bytes([input[0], input[1], input[2], input[3]]));
+    if len < 8 {
+        return Err(Refusal::Short(len.max(0) as usize));
+    }
+    if len as u64 > max as u64 {
+        return Err(Refusal::TooLarge { len, max });
+    }
+    let total = 4 + len as usize;
+    if input.len() < total {
+        return Ok(None);
+    }
+    let mut frame = input.split_to(total);
+    let _ = frame.split_to(4);
+    Ok(Some(frame.freeze()))
 }
 
 /// Decodes one request and starts it; the reply future finishes it.
@@ -195,6 +266,9 @@ pub async fn start(broker: &Arc<Broker>, mut frame: Bytes) -> Result<Reply, Refu
         ApiKey::ListOffsets => fetch::list_offsets(b, &ctx, decode(&ctx, &mut frame)?),
         ApiKey::CreateTopics => admin::create_topics(b, &ctx, decode(&ctx, &mut frame)?).await,
         ApiKey::DeleteTopics => admin::delete_topics(b, &ctx, decode(&ctx, &mut frame)?).await,
+        ApiKey::CreatePartitions => {
+            admin::create_partitions(b, &ctx, decode(&ctx, &mut frame)?).await
+        }
         ApiKey::FindCoordinator => admin::find_coordinator(b, &ctx, decode(&ctx, &mut frame)?),
         ApiKey::InitProducerId => admin::init_producer_id(b, &ctx, decode(&ctx, &mut frame)?),
         ApiKey::JoinGroup => group_api::join(b, &ctx, decode(&ctx, &mut frame)?),

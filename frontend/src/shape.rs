@@ -234,6 +234,11 @@ pub fn check(api: ApiKey, v: i16, b: &[u8]) -> R {
             })
         }),
         ApiKey::DeleteTopics => w.array(false, |w| w.string(false)),
+        ApiKey::CreatePartitions => w.array(false, |w| {
+            w.string(false)?;
+            w.i32()?;
+            w.array(true, |w| w.array(false, |w| w.i32()))
+        }),
         // Heartbeat, FindCoordinator, InitProducerId, ApiVersions: no counts in the served
         // versions; the codec's own bounds checks cover their strings.
         _ => Ok(()),

@@ -46,6 +46,7 @@ pub const TABLE: &[ApiRange] = &[
     api(ApiKey::ApiVersions, 0, 3),
     api(ApiKey::CreateTopics, 2, 4),
     api(ApiKey::DeleteTopics, 1, 3),
+    api(ApiKey::CreatePartitions, 0, 1),
     api(ApiKey::InitProducerId, 0, 1),
 ];
 

@@ -302,3 +302,62 @@ async fn bad_frames_close_only_their_own_connection() {
         0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_or_stalled_connection_is_closed() {
+    let (addr, _b) = common::serve(frontend::Config {
+        idle_timeout: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await;
+    let mut idle = Client::connect(addr, "idle").await.unwrap();
+    idle.call(3, &ApiVersionsRequest::default()).await.unwrap();
+    // Half a frame, then nothing.
+    let mut stalled = Client::connect(addr, "stalled").await.unwrap();
+    stalled.send_raw(&[0, 0, 0, 40, 0, 18]).await.unwrap();
+    let t = Instant::now();
+    assert!(closed(&mut idle).await, "idle connection left open");
+    assert!(closed(&mut stalled).await, "stalled connection left open");
+    assert!(t.elapsed() >= Duration::from_millis(200));
+    // A busy connection is not idle: a long poll longer than the idle timeout is answered.
+    let mut busy = Client::connect(addr, "busy").await.unwrap();
+    create(&mut busy, "idle-t").await;
+    let f = busy.call(11, &fetch("idle-t", 0, 600, 1)).await.unwrap();
+    assert_eq!(f.responses[0].partitions[0].error_code, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_partitions_grows_a_topic_and_refuses_to_shrink_it() {
+    use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
+    use kafka_protocol::messages::CreatePartitionsRequest;
+    let (addr, b) = common::serve(Default::default()).await;
+    let mut c = Client::connect(addr, "t").await.unwrap();
+    create(&mut c, "grow").await;
+    let req = |t: &str, count: i32| {
+        let mut pt = CreatePartitionsTopic::default();
+        pt.name = topic(t);
+        pt.count = count;
+        pt.assignments = None;
+        let mut r = CreatePartitionsRequest::default();
+        r.topics = vec![pt];
+        r.timeout_ms = 5000;
+        r
+    };
+    let code = |r: kafka_protocol::messages::CreatePartitionsResponse| r.results[0].error_code;
+    assert_eq!(code(c.call(1, &req("grow", 3)).await.unwrap()), 0);
+    assert_eq!(b.topics().map["grow"].len(), 3);
+    assert_eq!(
+        code(c.call(1, &req("grow", 2)).await.unwrap()),
+        codes::INVALID_PARTITIONS
+    );
+    assert_eq!(
+        code(c.call(1, &req("nope", 2)).await.unwrap()),
+        codes::UNKNOWN_TOPIC_OR_PARTITION
+    );
+    // The new partition takes data.
+    let r = c
+        .call(7, &produce("grow", 2, record_batch(&[b"x"], None), -1))
+        .await
+        .unwrap();
+    assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+}

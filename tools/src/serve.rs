@@ -122,6 +122,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 .ok_or_else(|| anyhow!("--advertise {a:?}: port must be 1..65535"))?;
             (h.to_string(), p)
         }
+        // Clients reconnect to the advertised address: 0.0.0.0 would send them nowhere.
+        None if bound.ip().is_unspecified() => {
+            eprintln!("note: listening on {bound}; advertising 127.0.0.1 (pass --advertise host:port for remote clients)");
+            ("127.0.0.1".to_string(), i32::from(bound.port()))
+        }
         None => (bound.ip().to_string(), i32::from(bound.port())),
     };
     let fcfg = frontend::Config {

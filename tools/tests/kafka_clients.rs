@@ -21,6 +21,13 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
+/// The tests take turns: each runs a broker and real clients (the librdkafka one builds a C
+/// library too), and on a small machine running them side by side only invites timeouts.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The venv's python, after installing the clients once per test run.
 fn python() -> &'static Path {
     static PY: OnceLock<PathBuf> = OnceLock::new();
@@ -48,6 +55,10 @@ struct Server {
 
 impl Server {
     fn start(device: &str) -> Server {
+        Server::start_with(device, &[])
+    }
+
+    fn start_with(device: &str, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nvmq"))
             .args([
                 "serve",
@@ -58,6 +69,7 @@ impl Server {
                 "--size",
                 "256M",
             ])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -160,6 +172,7 @@ fn kcat(args: &[&str], input: &[u8]) -> String {
 
 #[test]
 fn kcat_produces_with_acks_all_and_consumes_by_offset() {
+    let _turn = one_at_a_time();
     let s = Server::start("sim:capacity=256M,flush=500us");
     let input: String = (0..200).map(|i| format!("line-{i}\n")).collect();
     kcat(
@@ -205,6 +218,7 @@ fn kcat_produces_with_acks_all_and_consumes_by_offset() {
 
 #[test]
 fn confluent_kafka_and_kafka_python_produce_and_consume() {
+    let _turn = one_at_a_time();
     let s = Server::start("sim:capacity=256M,flush=500us");
     scenario(&s.addr, "produce_consume", &[]);
     scenario(&s.addr, "kafka_python", &[]);
@@ -213,6 +227,7 @@ fn confluent_kafka_and_kafka_python_produce_and_consume() {
 
 #[test]
 fn group_rebalances_when_a_member_leaves_and_offsets_survive_a_restart() {
+    let _turn = one_at_a_time();
     let dir = tmp("kafka-group");
     let dev = format!("file:{}", dir.join("nvmq.img").display());
     let s = Server::start(&dev);
@@ -237,6 +252,30 @@ fn group_rebalances_when_a_member_leaves_and_offsets_survive_a_restart() {
     );
 }
 
+/// librdkafka's own integration suite (from the rdkafka-sys crate source), the allow-listed tests
+/// in tests/clients/librdkafka.allow. Topics auto-create with 4 partitions, as the suite assumes.
+#[test]
+fn librdkafka_test_suite_allow_list_passes() {
+    let _turn = one_at_a_time();
+    python(); // the same setup installs kcat's librdkafka; the suite builds its own
+    let s = Server::start_with(
+        "sim:capacity=1G,flush=500us",
+        &["--default-partitions", "4"],
+    );
+    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("librdkafka");
+    let st = Command::new("bash")
+        .arg(clients_dir().join("librdkafka.sh"))
+        .arg(&work)
+        .arg(&s.addr)
+        .status()
+        .expect("running tests/clients/librdkafka.sh");
+    assert!(
+        st.success(),
+        "librdkafka tests failed (logs under {})",
+        work.display()
+    );
+}
+
 /// xorshift64*: the seed replays the kill moments.
 fn next(seed: &mut u64) -> u64 {
     *seed ^= *seed >> 12;
@@ -247,6 +286,7 @@ fn next(seed: &mut u64) -> u64 {
 
 #[test]
 fn every_acknowledged_message_survives_sigkill_of_the_broker() {
+    let _turn = one_at_a_time();
     let seed: u64 = std::env::var("NVMQ_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
