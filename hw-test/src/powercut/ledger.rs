@@ -1,0 +1,315 @@
+//! The controller's record of what the broker acknowledged, kept on the controller's own disk.
+//!
+//! One text line per acknowledged record, each ending in the CRC32C of the rest of the line, and a
+//! header line naming the run. An entry is written and fdatasync'ed before the controller counts
+//! the ack, so whatever the count says is on the ledger. A line cut short by a crash of the
+//! controller itself (no newline, or a checksum that does not match on the last line) was never
+//! counted and is ignored; a bad line anywhere else is corruption and refuses the ledger.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::powercut::payload::RecordId;
+
+/// One acknowledged record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub partition: i32,
+    pub offset: i64,
+    pub id: RecordId,
+    pub len: u32,
+    /// CRC32C of the whole payload as sent.
+    pub hash: u32,
+}
+
+/// What the header line says about the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub run: u64,
+    pub seed: u64,
+    pub topic: String,
+    pub partitions: i32,
+    /// Bounds of the record body length (the verifier regenerates bodies from ids).
+    pub body_len: (usize, usize),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("ledger {path}: {op}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("ledger {path} exists already (each run starts a ledger of its own)")]
+    Exists { path: PathBuf },
+    #[error("ledger {path}, line {line}: {what}")]
+    Corrupt {
+        path: PathBuf,
+        line: usize,
+        what: String,
+    },
+}
+
+/// The ledger as written: appends go to the end and reach the disk before `append` returns.
+pub struct Ledger {
+    file: File,
+    path: PathBuf,
+}
+
+fn seal(body: &str) -> String {
+    format!("{body} {:08x}\n", crc32c::crc32c(body.as_bytes()))
+}
+
+fn header_line(h: &Header) -> String {
+    seal(&format!(
+        "run {:016x} seed {} partitions {} body {} {} topic {}",
+        h.run, h.seed, h.partitions, h.body_len.0, h.body_len.1, h.topic
+    ))
+}
+
+fn entry_line(e: &Entry) -> String {
+    seal(&format!(
+        "ack {} {} {} {} {} {} {:08x}",
+        e.partition, e.offset, e.id.cycle, e.id.producer, e.id.seq, e.len, e.hash
+    ))
+}
+
+impl Ledger {
+    /// Creates a new ledger (refusing an existing file) and makes its header durable.
+    pub fn create(path: &Path, header: &Header) -> Result<Ledger, LedgerError> {
+        let io = |op, source| LedgerError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => LedgerError::Exists {
+                    path: path.to_path_buf(),
+                },
+                _ => io("creating", e),
+            })?;
+        let mut l = Ledger {
+            file,
+            path: path.to_path_buf(),
+        };
+        l.write(header_line(header).as_bytes())?;
+        // The new name must survive too: sync the directory that holds it.
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io("syncing its directory", e))?;
+        }
+        Ok(l)
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<(), LedgerError> {
+        let io = |op, source| LedgerError::Io {
+            op,
+            path: self.path.clone(),
+            source,
+        };
+        self.file.write_all(bytes).map_err(|e| io("appending", e))?;
+        self.file.sync_data().map_err(|e| io("fdatasync", e))
+    }
+
+    /// Appends entries and waits until they are on the controller's disk.
+    pub fn append(&mut self, entries: &[Entry]) -> Result<(), LedgerError> {
+        let text: String = entries.iter().map(entry_line).collect();
+        self.write(text.as_bytes())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// A ledger read back.
+#[derive(Debug, Clone)]
+pub struct Contents {
+    pub header: Header,
+    pub entries: Vec<Entry>,
+    /// A last line cut short (never counted), if there was one.
+    pub torn_tail: bool,
+}
+
+fn unseal(line: &str) -> Option<&str> {
+    let (body, crc) = line.rsplit_once(' ')?;
+    let crc = u32::from_str_radix(crc, 16)
+        .ok()
+        .filter(|_| crc.len() == 8)?;
+    (crc32c::crc32c(body.as_bytes()) == crc).then_some(body)
+}
+
+fn parse_header(body: &str) -> Option<Header> {
+    let f: Vec<&str> = body.splitn(11, ' ').collect();
+    match f[..] {
+        ["run", run, "seed", seed, "partitions", p, "body", lo, hi, "topic", topic] => {
+            Some(Header {
+                run: u64::from_str_radix(run, 16).ok()?,
+                seed: seed.parse().ok()?,
+                partitions: p.parse().ok()?,
+                body_len: (lo.parse().ok()?, hi.parse().ok()?),
+                topic: topic.to_string(),
+            })
+        }
+        _ => None,
+    }
+}
+
+fn parse_entry(body: &str) -> Option<Entry> {
+    let f: Vec<&str> = body.split(' ').collect();
+    match f[..] {
+        ["ack", partition, offset, cycle, producer, seq, len, hash] => Some(Entry {
+            partition: partition.parse().ok()?,
+            offset: offset.parse().ok()?,
+            id: RecordId {
+                cycle: cycle.parse().ok()?,
+                producer: producer.parse().ok()?,
+                seq: seq.parse().ok()?,
+            },
+            len: len.parse().ok()?,
+            hash: u32::from_str_radix(hash, 16).ok()?,
+        }),
+        _ => None,
+    }
+}
+
+/// Reads a ledger back, ignoring a torn last line.
+pub fn read(path: &Path) -> Result<Contents, LedgerError> {
+    let bytes = std::fs::read(path).map_err(|source| LedgerError::Io {
+        op: "reading",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let corrupt = |line: usize, what: String| LedgerError::Corrupt {
+        path: path.to_path_buf(),
+        line,
+        what,
+    };
+    let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+    // What follows the last newline is either nothing or a line the crash cut short.
+    let tail = lines.pop().unwrap_or_default();
+    let mut torn_tail = !tail.is_empty();
+    let mut header = None;
+    let mut entries = Vec::new();
+    let count = lines.len();
+    for (i, raw) in lines.into_iter().enumerate() {
+        let body = std::str::from_utf8(raw).ok().and_then(unseal);
+        let Some(body) = body else {
+            // A whole last line with a bad checksum: written in part before the crash (the
+            // newline landed, an earlier block of the line did not).
+            if i + 1 == count && !torn_tail && header.is_some() {
+                torn_tail = true;
+                continue;
+            }
+            return Err(corrupt(i + 1, "checksum does not match".into()));
+        };
+        if i == 0 {
+            header = Some(
+                parse_header(body)
+                    .ok_or_else(|| corrupt(1, format!("not a ledger header: {body:?}")))?,
+            );
+            continue;
+        }
+        entries.push(
+            parse_entry(body).ok_or_else(|| corrupt(i + 1, format!("not an entry: {body:?}")))?,
+        );
+    }
+    let header = header.ok_or_else(|| corrupt(1, "no header line".into()))?;
+    Ok(Contents {
+        header,
+        entries,
+        torn_tail,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("nvmq-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("test dir");
+        d
+    }
+
+    fn header() -> Header {
+        Header {
+            run: 0xabc,
+            seed: 9,
+            topic: "rig-x".into(),
+            partitions: 2,
+            body_len: (16, 300),
+        }
+    }
+
+    fn entry(seq: u64) -> Entry {
+        Entry {
+            partition: 1,
+            offset: 10 + seq as i64,
+            id: RecordId {
+                cycle: 2,
+                producer: 3,
+                seq,
+            },
+            len: 77,
+            hash: 0xdead_beef,
+        }
+    }
+
+    #[test]
+    fn entries_read_back_and_a_torn_last_line_is_ignored() {
+        let p = dir("ledger-torn").join("ledger");
+        let mut l = Ledger::create(&p, &header()).expect("create");
+        l.append(&[entry(0), entry(1)]).expect("append");
+        l.append(&[entry(2)]).expect("append");
+        let c = read(&p).expect("read");
+        assert_eq!(c.header, header());
+        assert_eq!(c.entries, vec![entry(0), entry(1), entry(2)]);
+        assert!(!c.torn_tail);
+
+        // The last line cut short, without its newline.
+        let whole = std::fs::read(&p).expect("bytes");
+        std::fs::write(&p, &whole[..whole.len() - 5]).expect("cut");
+        let c = read(&p).expect("read torn");
+        assert_eq!(c.entries, vec![entry(0), entry(1)]);
+        assert!(c.torn_tail);
+
+        // The last line whole but with a byte that never landed.
+        let mut b = whole.clone();
+        let n = b.len();
+        b[n - 20] = 0;
+        std::fs::write(&p, &b).expect("damage last");
+        let c = read(&p).expect("read damaged last");
+        assert_eq!(c.entries, vec![entry(0), entry(1)]);
+        assert!(c.torn_tail);
+
+        assert!(matches!(
+            Ledger::create(&p, &header()),
+            Err(LedgerError::Exists { .. })
+        ));
+    }
+
+    #[test]
+    fn a_bad_line_before_the_last_refuses_the_ledger() {
+        let p = dir("ledger-corrupt").join("ledger");
+        let mut l = Ledger::create(&p, &header()).expect("create");
+        l.append(&[entry(0), entry(1), entry(2)]).expect("append");
+        let text = std::fs::read_to_string(&p).expect("text");
+        let damaged = text.replacen("ack 1 11", "ack 1 19", 1);
+        assert_ne!(damaged, text);
+        std::fs::write(&p, damaged).expect("write");
+        match read(&p) {
+            Err(LedgerError::Corrupt { line, .. }) => assert_eq!(line, 3),
+            other => panic!("damage in the middle not refused: {other:?}"),
+        }
+    }
+}
