@@ -83,6 +83,9 @@ pub struct WriterStats {
     pub flush_latency_us: Pow2Histogram,
     /// Appends acknowledged each time D moved over some (in the default mode: per flush).
     pub records_per_flush: Pow2Histogram,
+    /// Append to acknowledgement in microseconds: from the writer taking the append to the ack
+    /// (after the covering flush in the default mode).
+    pub ack_latency_us: Pow2Histogram,
 }
 
 #[derive(Debug, Default)]

@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blockdev::{BlockDevice, Completion, IoBuffer};
 
@@ -127,7 +127,12 @@ enum Item {
 struct Pending {
     item: Item,
     ack: AckFn,
+    /// When the writer took it: ack latency is measured from here.
+    since: Instant,
 }
+
+/// An acknowledgement waiting for its batch to become durable.
+type AckEntry = (AckFn, Appended, Instant);
 
 /// A batch between its submission and its durability.
 struct InFlight {
@@ -141,7 +146,7 @@ struct InFlight {
     /// checkpoint.
     link: u32,
     timestamp_ms: u64,
-    acks: Vec<(AckFn, Appended)>,
+    acks: Vec<AckEntry>,
     /// Payload bytes of the data records in it (for write amplification).
     payload_bytes: u64,
     /// (partition, entry) for the index, published when durable.
@@ -484,6 +489,7 @@ impl<D: BlockDevice> Writer<D> {
                         span,
                     },
                     ack,
+                    since: Instant::now(),
                 });
             }
             Request::CreatePartition { topic, index, ack } => {
@@ -497,6 +503,7 @@ impl<D: BlockDevice> Writer<D> {
                 self.pending.push_back(Pending {
                     item: Item::Create { topic, index },
                     ack,
+                    since: Instant::now(),
                 });
             }
             Request::Read {
@@ -577,7 +584,7 @@ impl<D: BlockDevice> Writer<D> {
         tracing::error!(error = %err, "writer stopped: nothing more will be acknowledged; check the device before restarting");
         let stopped = LogError::WriterStopped(err.to_string());
         for b in self.batches.drain(..) {
-            for (ack, _) in b.acks {
+            for (ack, _, _) in b.acks {
                 ack(Err(stopped.clone()));
             }
         }
@@ -997,6 +1004,7 @@ impl<D: BlockDevice> Writer<D> {
                             offset,
                             position,
                         },
+                        p.since,
                     ));
                 }
                 Item::Create { topic, index: idx } => {
@@ -1016,6 +1024,7 @@ impl<D: BlockDevice> Writer<D> {
                             offset: 0,
                             position,
                         },
+                        p.since,
                     ));
                 }
             }
@@ -1043,7 +1052,7 @@ impl<D: BlockDevice> Writer<D> {
         mut buf: IoBuffer,
         (used, record_count): (usize, u32),
         kind: BatchKind,
-        (acks, payload_bytes): (Vec<(AckFn, Appended)>, u64),
+        (acks, payload_bytes): (Vec<AckEntry>, u64),
         mut index: Vec<(u32, IndexEntry)>,
         created: Vec<(u32, String, u32)>,
         now: Now,
@@ -1397,7 +1406,7 @@ fn b_finish(b: BatchBuilder<'_>) -> (usize, u32) {
 }
 
 /// Acknowledges a batch's appends, in order, and counts them.
-fn ack_all(shared: &Shared, acks: &mut Vec<(AckFn, Appended)>, payload_bytes: u64) {
+fn ack_all(shared: &Shared, acks: &mut Vec<AckEntry>, payload_bytes: u64) {
     if acks.is_empty() {
         return;
     }
@@ -1405,8 +1414,13 @@ fn ack_all(shared: &Shared, acks: &mut Vec<(AckFn, Appended)>, payload_bytes: u6
         let mut s = shared.lock();
         s.stats.appends_acked += acks.len() as u64;
         s.stats.payload_bytes_acked += payload_bytes;
+        for (_, _, since) in acks.iter() {
+            s.stats
+                .ack_latency_us
+                .record(since.elapsed().as_micros() as u64);
+        }
     }
-    for (ack, a) in acks.drain(..) {
+    for (ack, a, _) in acks.drain(..) {
         ack(Ok(a));
     }
 }

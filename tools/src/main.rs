@@ -8,15 +8,15 @@ mod describe;
 mod devspec;
 mod examined;
 mod inspect;
+mod kafka_bench;
 mod logging;
 mod metrics;
 mod mkfs;
 mod plot;
 mod progress;
 mod readonly;
-mod verify;
-mod kafka_bench;
 mod serve;
+mod verify;
 
 use std::process::ExitCode;
 

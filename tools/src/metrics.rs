@@ -1,22 +1,12 @@
-//! Prometheus metrics: the log's own counters (`WriterStats`), space, the fatal-error state and
-//! the last recovery, plus histograms the broker observes (append-to-ack latency), rendered in the
-//! text exposition format and served on `/metrics` by a tiny HTTP server on its own thread.
-//!
-//! `nvmq serve --metrics-addr <addr>` wires it up:
-//!
-//! ```ignore
-//! let metrics = Arc::new(Metrics::new());
-//! metrics.attach_log(log.shared().clone(), log.geometry());
-//! metrics.set_recovery(&report);
-//! let _server = MetricsServer::start(addr, metrics.clone())?;
-//! // for every acknowledged append:
-//! metrics.ack_latency.observe_duration(started.elapsed());
-//! ```
+//! Prometheus metrics: the log's own counters and histograms (`WriterStats`: append-to-ack and
+//! flush latency, records per flush), space, the fatal-error state and the last recovery, rendered
+//! in the text exposition format and served on `/metrics` by a tiny HTTP server on its own thread.
+//! `nvmq serve --metrics-addr <addr>` starts it.
 
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -25,65 +15,6 @@ use nvmq_log::layout::Geometry;
 use nvmq_log::shared::POW2_BUCKETS;
 use nvmq_log::{Pow2Histogram, Shared};
 use recovery::RecoveryReport;
-
-/// A histogram with fixed upper bounds, observed from any thread without a lock.
-pub struct Histogram {
-    bounds: Vec<f64>,
-    /// One per bound plus +Inf; not cumulative (rendering makes them so).
-    counts: Vec<AtomicU64>,
-    count: AtomicU64,
-    sum_bits: AtomicU64,
-}
-
-impl Histogram {
-    pub fn new(bounds: &[f64]) -> Histogram {
-        Histogram {
-            bounds: bounds.to_vec(),
-            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            count: AtomicU64::new(0),
-            sum_bits: AtomicU64::new(0f64.to_bits()),
-        }
-    }
-
-    /// Latency buckets from 50 µs to 10 s, in seconds.
-    pub fn latency() -> Histogram {
-        Histogram::new(&[
-            50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3,
-            500e-3, 1.0, 2.5, 5.0, 10.0,
-        ])
-    }
-
-    pub fn observe(&self, v: f64) {
-        let i = self.bounds.partition_point(|b| *b < v);
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let _ = self
-            .sum_bits
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                Some((f64::from_bits(b) + v).to_bits())
-            });
-    }
-
-    pub fn observe_duration(&self, d: Duration) {
-        self.observe(d.as_secs_f64());
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0u64;
-        for (i, c) in self.counts.iter().enumerate() {
-            cumulative += c.load(Ordering::Relaxed);
-            let le = self
-                .bounds
-                .get(i)
-                .map_or("+Inf".to_string(), |b| b.to_string());
-            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
-        }
-        let sum = f64::from_bits(self.sum_bits.load(Ordering::Relaxed));
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {cumulative}");
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 struct RecoveryFigures {
@@ -94,8 +25,6 @@ struct RecoveryFigures {
 
 /// Everything `/metrics` shows.
 pub struct Metrics {
-    /// Append to ack, as the broker sees it.
-    pub ack_latency: Histogram,
     log: Mutex<Option<(Arc<Shared>, Geometry)>>,
     recovery: Mutex<Option<RecoveryFigures>>,
 }
@@ -109,7 +38,6 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         Metrics {
-            ack_latency: Histogram::latency(),
             log: Mutex::new(None),
             recovery: Mutex::new(None),
         }
@@ -131,11 +59,6 @@ impl Metrics {
     /// The text exposition format (version 0.0.4).
     pub fn render(&self) -> String {
         let mut out = String::new();
-        self.ack_latency.render(
-            &mut out,
-            "nvmq_append_ack_latency_seconds",
-            "Time from append to acknowledgement (after the covering flush).",
-        );
         let log = lock(&self.log).clone();
         if let Some((shared, geo)) = log {
             let (stats, durable, head, fatal) = {
@@ -191,6 +114,14 @@ impl Metrics {
                     "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
                 );
             }
+            render_pow2(
+                &mut out,
+                "nvmq_append_ack_latency_seconds",
+                "Append to acknowledgement (after the covering flush in flush mode always), as the writer sees it.",
+                &stats.ack_latency_us,
+                |b| b as f64 / 1e6,
+                1e-6,
+            );
             // Whole microseconds below 2^i are below 2^i µs.
             render_pow2(
                 &mut out,
@@ -426,7 +357,6 @@ mod tests {
     use super::*;
     use blockdev::sim::{SimConfig, SimDevice};
     use nvmq_log::{FormatOptions, Log, LogConfig};
-    use std::time::Instant;
 
     fn scrape(addr: SocketAddr, path: &str) -> (String, String) {
         let mut s = TcpStream::connect(addr).unwrap();
@@ -463,9 +393,7 @@ mod tests {
 
         let p = log.create_partition("m", 0).unwrap();
         for i in 0..5 {
-            let t = Instant::now();
             log.append_wait(p, vec![i as u8; 100]).unwrap();
-            metrics.ack_latency.observe_duration(t.elapsed());
         }
         let (head, body) = scrape(server.local_addr(), "/metrics");
         assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
@@ -473,10 +401,11 @@ mod tests {
         // The partition create is an acknowledged append too.
         assert_eq!(value(&body, "nvmq_appends_acked_total"), 6.0);
         assert!(value(&body, "nvmq_payload_bytes_acked_total") >= 500.0);
-        assert_eq!(value(&body, "nvmq_append_ack_latency_seconds_count"), 5.0);
+        // The writer measures every ack, the create's included.
+        assert_eq!(value(&body, "nvmq_append_ack_latency_seconds_count"), 6.0);
         assert_eq!(
             value(&body, "nvmq_append_ack_latency_seconds_bucket{le=\"+Inf\"}"),
-            5.0
+            6.0
         );
         let flushes = value(&body, "nvmq_flushes_total");
         assert!(
@@ -520,19 +449,7 @@ mod tests {
     }
 
     #[test]
-    fn histogram_buckets_are_cumulative_with_sum_and_count() {
-        let h = Histogram::new(&[1.0, 2.0]);
-        h.observe(0.5);
-        h.observe(1.5);
-        h.observe(1.5);
-        h.observe(9.0);
-        let mut out = String::new();
-        h.render(&mut out, "x", "test");
-        assert!(out.contains("x_bucket{le=\"1\"} 1\n"), "{out}");
-        assert!(out.contains("x_bucket{le=\"2\"} 3\n"), "{out}");
-        assert!(out.contains("x_bucket{le=\"+Inf\"} 4\n"), "{out}");
-        assert!(out.contains("x_sum 12.5\n"), "{out}");
-        assert!(out.contains("x_count 4\n"), "{out}");
+    fn label_values_are_escaped() {
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use blockdev::DeviceError;
 use nvmq_log::{FlushMode, FormatOptions, Log, LogConfig};
 
 use crate::devspec::DeviceSpec;
@@ -41,20 +40,9 @@ pub struct ServeArgs {
     /// Largest request frame accepted.
     #[arg(long, default_value = "8M")]
     pub max_frame: String,
-}
-
-fn loss_window(flush: FlushMode, window: u64) -> String {
-    match flush {
-        FlushMode::Always => "flush mode always: every ack follows the device flush covering it; a power cut loses no acknowledged record".into(),
-        FlushMode::Interval(d) => format!(
-            "flush mode interval:{}ms: acks at write completion; a power cut loses up to {} ms of acknowledged records (at most the {window}-byte in-flight window)",
-            d.as_millis(),
-            d.as_millis()
-        ),
-        FlushMode::Never => format!(
-            "flush mode never: acks at write completion; a power cut loses up to the {window}-byte in-flight window of acknowledged records"
-        ),
-    }
+    /// Serve Prometheus metrics on http://<addr>/metrics (e.g. 127.0.0.1:9464).
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -79,13 +67,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if !fresh {
             return Ok(());
         }
-        nvmq_log::mkfs::format(dev, &FormatOptions::default())
-            .map(|_| ())
-            .map_err(|e| DeviceError::Io {
-                op: blockdev::Op::Write,
-                lba: 0,
-                detail: format!("formatting the new device: {e}"),
-            })
+        nvmq_log::mkfs::format_device(dev, &FormatOptions::default())
     })?;
     if fresh {
         println!("formatted a new log on {}", args.device);
@@ -99,7 +81,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
         recovery::open(dev, cfg).with_context(|| format!("opening the log on {}", args.device))?;
     println!("{report}");
     let log = Log::start(writer, queue);
-    println!("{}", loss_window(flush, log.geometry().window));
+    println!(
+        "{}",
+        flush.loss_window(log.geometry().window).unwrap_or_else(|| {
+            "flush mode always: every ack follows the device flush covering it; a power cut loses no acknowledged record".into()
+        })
+    );
+    let _metrics_server = match &args.metrics_addr {
+        Some(addr) => {
+            let metrics = Arc::new(crate::metrics::Metrics::new());
+            metrics.attach_log(log.shared().clone(), log.geometry());
+            metrics.set_recovery(&report);
+            let server = crate::metrics::MetricsServer::start(addr.as_str(), metrics)
+                .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
+            println!("metrics on http://{}/metrics", server.local_addr());
+            Some(server)
+        }
+        None => None,
+    };
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
