@@ -5,8 +5,6 @@
 //! These tests need QEMU and fail (never skip) without it; the rig installs what it needs when run
 //! as root. `NVMQ_CRASH_SEED` replays a crash-cycle run (each run prints its seed).
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 
 use hw_test::qemu::{CmdResult, Disk, GuestCmd, RigOptions, RigRun, Stage};
 
@@ -263,28 +261,10 @@ fn lba_512_driver_checks_operator_errors_crash_cycles_and_syscalls() {
     );
 }
 
-/// The `nvmq` binary of the tools crate, built next to this test's own target directory.
-fn nvmq_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps")
-        .to_path_buf();
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-p", "nvmq-tools", "--bin", "nvmq"]);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    let status = cmd.status().expect("running cargo build for nvmq");
-    assert!(status.success(), "cargo build -p nvmq-tools failed");
-    profile_dir.join("nvmq")
-}
-
 #[test]
 fn lba_4096_driver_checks_crash_cycles_and_bench() {
     let seed = seed();
-    let nvmq = nvmq_binary();
+    let nvmq = common::nvmq_binary();
     let run = boot(
         options(4096, 256 << 20),
         &[

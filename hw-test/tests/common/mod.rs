@@ -1,5 +1,7 @@
 //! What the QEMU rig's integration tests share: one guest at a time, and boot reports on stderr.
 use std::io::Write;
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::Mutex;
 
 use hw_test::qemu::{GuestCmd, Rig, RigOptions, RigRun};
@@ -15,6 +17,7 @@ pub fn log(line: impl AsRef<str>) {
 
 /// Boots once and reports the timings and each command's exit (and, with `outputs`, its output
 /// lines) on stderr, each line prefixed with `tag`.
+#[allow(dead_code)] // Not every test binary that includes this module boots through it.
 pub fn boot(tag: &str, opts: RigOptions, cmds: &[GuestCmd], outputs: bool) -> RigRun {
     let _guard = ONE_GUEST.lock().unwrap_or_else(|p| p.into_inner());
     let rig = Rig::new(opts).unwrap_or_else(|e| panic!("QEMU rig cannot start: {e}"));
@@ -37,3 +40,23 @@ pub fn boot(tag: &str, opts: RigOptions, cmds: &[GuestCmd], outputs: bool) -> Ri
     }
     run
 }
+
+/// The `nvmq` binary of the tools crate, built next to this test's own target directory.
+#[allow(dead_code)] // Not every test binary that includes this module boots nvmq.
+pub fn nvmq_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps")
+        .to_path_buf();
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["build", "-p", "nvmq-tools", "--bin", "nvmq"]);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("running cargo build for nvmq");
+    assert!(status.success(), "cargo build -p nvmq-tools failed");
+    profile_dir.join("nvmq")
+}
+
