@@ -13,6 +13,7 @@ pub struct BatchInfo {
     pub len: usize,
     pub attributes: i16,
     pub last_offset_delta: i32,
+    pub base_timestamp: i64,
     pub max_timestamp: i64,
     pub producer_id: i64,
     pub producer_epoch: i16,
@@ -96,6 +97,7 @@ pub fn header(b: &[u8]) -> Result<BatchInfo, BatchFault> {
         len: len as usize,
         attributes: be_i16(b, 21),
         last_offset_delta: be_i32(b, 23),
+        base_timestamp: be_i64(b, 27),
         max_timestamp: be_i64(b, 35),
         producer_id: be_i64(b, 43),
         producer_epoch: be_i16(b, 51),
@@ -165,6 +167,48 @@ pub fn split(records: &[u8]) -> Result<Vec<(BatchInfo, &[u8])>, BatchFault> {
     Ok(out)
 }
 
+/// Reads a zigzag varint at `*at`, moving past it.
+fn varint(b: &[u8], at: &mut usize) -> Option<i64> {
+    let mut v: u64 = 0;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(((v >> 1) as i64) ^ -((v & 1) as i64));
+        }
+    }
+    None
+}
+
+/// The first record of a stored batch whose timestamp reaches `ts`: (offset delta, timestamp).
+/// Reads the records of an uncompressed batch; for a compressed one (whose records nvmq never
+/// decompresses) answers with the batch's first offset and its largest timestamp, as long as
+/// that reaches `ts`.
+pub fn first_at_or_after(b: &[u8], ts: i64) -> Option<(i64, i64)> {
+    let info = header(b).ok()?;
+    if info.max_timestamp < ts {
+        return None;
+    }
+    if info.attributes & 0x07 != 0 {
+        return Some((0, info.max_timestamp));
+    }
+    let body = &b[..info.len];
+    let mut at = HEADER_LEN;
+    for _ in 0..info.record_count {
+        let len = varint(body, &mut at)?;
+        let end = at.checked_add(usize::try_from(len).ok()?)?;
+        let mut r = at + 1; // attributes
+        let t = info.base_timestamp.checked_add(varint(body, &mut r)?)?;
+        let delta = varint(body, &mut r)?;
+        if t >= ts {
+            return Some((delta, t));
+        }
+        at = end;
+    }
+    Some((0, info.max_timestamp))
+}
+
 /// Writes the log's offset into a stored batch's baseOffset (outside the CRC).
 pub fn set_base_offset(b: &mut [u8], offset: u64) {
     if b.len() >= 8 {
@@ -210,6 +254,16 @@ pub(crate) mod tests {
         let two = [b.clone(), make_batch(1, -1, -1, -1, 0)].concat();
         assert_eq!(split(&two).unwrap().len(), 2);
         assert!(split(&[]).is_err());
+    }
+
+    #[test]
+    fn the_first_record_reaching_a_timestamp_is_found() {
+        let b = make_batch(3, -1, -1, -1, 4);
+        // make_batch stamps every record with the batch's base timestamp.
+        let base = header(&b).unwrap().base_timestamp;
+        assert_eq!(first_at_or_after(&b, base), Some((0, base)));
+        assert_eq!(first_at_or_after(&b, i64::MAX), None);
+        assert!(varint(&[0x80], &mut 0).is_none());
     }
 
     #[test]

@@ -164,7 +164,7 @@ pub fn list_offsets(b: &Arc<Broker>, ctx: &Ctx, req: ListOffsetsRequest) -> Repl
     })
 }
 
-/// The first batch whose max timestamp reaches `ts` (-3: the batch with the largest timestamp).
+/// The first record whose timestamp reaches `ts` (-3: the record with the largest timestamp).
 /// A linear scan of the partition: nvmq keeps no time index.
 async fn by_time(
     b: &Broker,
@@ -186,12 +186,16 @@ async fn by_time(
                 let Ok(info) = batch::header(&r.payload) else {
                     continue;
                 };
-                if ts == -3 {
-                    if best.is_none_or(|(_, t)| info.max_timestamp > t) {
-                        best = Some((r.offset as i64, info.max_timestamp));
+                let want = if ts == -3 { info.max_timestamp } else { ts };
+                if ts == -3 && best.is_some_and(|(_, t)| info.max_timestamp <= t) {
+                    continue;
+                }
+                if let Some((delta, t)) = batch::first_at_or_after(&r.payload, want) {
+                    let found = (r.offset as i64 + delta, t);
+                    if ts != -3 {
+                        return Ok(Some(found));
                     }
-                } else if info.max_timestamp >= ts {
-                    return Ok(Some((r.offset as i64, info.max_timestamp)));
+                    best = Some(found);
                 }
             }
         }

@@ -53,6 +53,7 @@ pub fn join(b: &Arc<Broker>, ctx: &Ctx, req: JoinGroupRequest) -> Reply {
             .map(|p| (p.name.as_str().to_string(), p.metadata))
             .collect(),
     };
+    tracing::debug!(group = %jr.group, member = %jr.member_id, "join group");
     let held = b.groups.join(jr);
     let ctx = ctx.clone();
     Box::pin(async move {
@@ -132,6 +133,7 @@ pub fn leave(b: &Arc<Broker>, ctx: &Ctx, req: LeaveGroupRequest) -> Reply {
         vec![req.member_id.as_str().to_string()]
     };
     let errors = b.groups.leave(req.group_id.as_str(), &ids);
+    tracing::debug!(group = req.group_id.as_str(), ?ids, ?errors, "leave group");
     let mut resp = LeaveGroupResponse::default();
     if ctx.version >= 3 {
         resp.members = ids
@@ -156,6 +158,13 @@ pub async fn offset_commit(b: &Arc<Broker>, ctx: &Ctx, req: OffsetCommitRequest)
         &group,
         req.generation_id_or_member_epoch,
         req.member_id.as_str(),
+    );
+    tracing::debug!(
+        group = %group,
+        generation = req.generation_id_or_member_epoch,
+        member = req.member_id.as_str(),
+        allowed,
+        "offset commit"
     );
     // Per partition: its error, or None to be committed.
     let mut plan: Vec<(TopicName, PartitionPlan)> = Vec::new();
