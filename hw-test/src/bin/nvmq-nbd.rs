@@ -40,6 +40,10 @@ struct Args {
     /// Seeds the seeds of cuts requested without one.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Microseconds each flush takes before it writes the cache back (a slow drive: a cut at a
+    /// random moment then often finds writes not yet durable).
+    #[arg(long, default_value_t = 0)]
+    flush_delay_us: u64,
     #[arg(long)]
     quiet: bool,
 }
@@ -84,6 +88,7 @@ fn run(args: Args) -> Result<()> {
     cfg.export_name = args.export_name;
     cfg.max_cached_bytes = args.max_cached_bytes;
     cfg.seed = args.seed;
+    cfg.flush_delay = std::time::Duration::from_micros(args.flush_delay_us);
     cfg.log = !args.quiet;
     let _server = Server::start(cfg)?;
     // Serves until killed. Killing the server drops its cache: every unflushed write is lost.

@@ -292,6 +292,10 @@ impl Conn<'_> {
                 self.answer(res, "write", req.handle, &[])
             }
             CMD_FLUSH => {
+                // A slow flush: the writes it covers stay volatile until it is done.
+                if !self.shared.flush_delay.is_zero() {
+                    std::thread::sleep(self.shared.flush_delay);
+                }
                 let res = self
                     .shared
                     .with_power(self.generation, |store| store.flush())?;

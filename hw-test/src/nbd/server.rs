@@ -35,6 +35,9 @@ pub struct ServerConfig {
     pub seed: u64,
     /// Print one line per connection, error and cut on stderr.
     pub log: bool,
+    /// How long a flush takes before it starts writing the cache back, as on a drive whose
+    /// flush is slow (a laptop SSD: ~4 ms). A cut in that time loses what the flush covers.
+    pub flush_delay: std::time::Duration,
 }
 
 impl ServerConfig {
@@ -52,6 +55,7 @@ impl ServerConfig {
             max_cached_bytes: 256 << 20,
             seed: 0,
             log: true,
+            flush_delay: std::time::Duration::ZERO,
         }
     }
 }
@@ -71,6 +75,7 @@ pub struct Shared {
     next_conn: AtomicU64,
     stopping: AtomicBool,
     log: bool,
+    pub(crate) flush_delay: std::time::Duration,
 }
 
 /// Marker for "the power went while this request was being served".
@@ -215,6 +220,7 @@ impl Server {
             next_conn: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             log: cfg.log,
+            flush_delay: cfg.flush_delay,
         });
         let mut threads = Vec::new();
         let _ = std::fs::remove_file(&cfg.socket);

@@ -64,8 +64,19 @@ impl NbdServer {
     /// no control socket): writes stay in a volatile cache until the guest flushes, and
     /// [`NbdServer::cut`] applies the crash model to what is still cached.
     pub fn start_power_cut(image: &Path, socket: &Path) -> Result<Self> {
+        Self::start_power_cut_with(image, socket, std::time::Duration::ZERO)
+    }
+
+    /// [`NbdServer::start_power_cut`] whose flushes take `flush_delay` (a slow drive), so that a
+    /// cut at a random moment often finds writes not yet durable.
+    pub fn start_power_cut_with(
+        image: &Path,
+        socket: &Path,
+        flush_delay: std::time::Duration,
+    ) -> Result<Self> {
         let mut cfg = ServerConfig::new(image, socket);
         cfg.control = None;
+        cfg.flush_delay = flush_delay;
         let server = Server::start(cfg)?;
         Ok(Self {
             backend: Backend::PowerCut(server),

@@ -59,4 +59,3 @@ pub fn nvmq_binary() -> PathBuf {
     assert!(status.success(), "cargo build -p nvmq-tools failed");
     profile_dir.join("nvmq")
 }
-
