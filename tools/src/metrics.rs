@@ -61,9 +61,9 @@ impl Metrics {
         let mut out = String::new();
         let log = lock(&self.log).clone();
         if let Some((shared, geo)) = log {
-            let (stats, durable, head, fatal) = {
+            let (stats, durable, head, fatal, scrub) = {
                 let s = shared.lock();
-                (s.stats, s.durable, s.head, s.fatal.clone())
+                (s.stats, s.durable, s.head, s.fatal.clone(), s.scrub.clone())
             };
             let counters: [(&str, &str, u64); 9] = [
                 (
@@ -172,6 +172,32 @@ impl Metrics {
             ];
             for (name, help, v) in gauges {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+            }
+            let scrub_series: [(&str, &str, &str, u64); 3] = [
+                (
+                    "nvmq_scrub_passes_total",
+                    "counter",
+                    "Complete passes of the background scrub over the retained log.",
+                    scrub.passes,
+                ),
+                (
+                    "nvmq_scrub_bytes_checked_total",
+                    "counter",
+                    "Log bytes the background scrub re-read and checked.",
+                    scrub.bytes_checked,
+                ),
+                (
+                    "nvmq_scrub_damaged_batches",
+                    "gauge",
+                    "Distinct damaged batches the scrub found in acknowledged data (alert on > 0).",
+                    scrub.damage.len() as u64,
+                ),
+            ];
+            for (name, kind, help, v) in scrub_series {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+                );
             }
             let _ = writeln!(
                 out,

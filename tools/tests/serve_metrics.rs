@@ -107,6 +107,7 @@ fn a_scrape_shows_the_acks_a_kafka_producer_got_and_the_flushes_behind_them() {
     assert!(value(&after, "nvmq_append_ack_latency_seconds_count") >= 10.0);
     assert!(value(&after, "nvmq_recovery_scanned_bytes") > 0.0);
     assert!(value(&after, "nvmq_log_used_bytes") > 0.0);
+    assert_eq!(value(&after, "nvmq_scrub_damaged_batches"), 0.0);
     let _ = child.kill();
     let _ = child.wait();
 }
