@@ -74,17 +74,10 @@ impl Log {
         }
         if scrub_rate > 0 {
             let (tx, cancel, shared) = (tx.clone(), cancel.clone(), shared.clone());
-            let stop = cancel.clone();
+            let read = cancellable_reads(tx, cancel.clone());
             let spawned = std::thread::Builder::new()
                 .name("nvmq-scrub".into())
-                .spawn(move || {
-                    scrub::run(geo, shared, scrub_rate, cancel, |position, len| {
-                        if stop.load(Ordering::Relaxed) {
-                            return Err(LogError::Shutdown);
-                        }
-                        read_raw_via(&tx, position, len)
-                    })
-                });
+                .spawn(move || scrub::run(geo, shared, scrub_rate, cancel, read));
             if let Err(e) = spawned {
                 tracing::error!(error = %e, "could not start the scrub thread");
             }
@@ -287,18 +280,27 @@ fn read_raw_via(tx: &Sender<Request>, position: u64, len: u64) -> Result<Vec<u8>
     reply_rx.recv().map_err(|_| LogError::Shutdown)?
 }
 
+/// Raw reads through the writer for a background thread, refused once the log shuts down.
+fn cancellable_reads(
+    tx: Sender<Request>,
+    cancel: Arc<AtomicBool>,
+) -> impl FnMut(u64, u64) -> Result<Vec<u8>, LogError> + Send {
+    move |position, len| {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(LogError::Shutdown);
+        }
+        read_raw_via(&tx, position, len)
+    }
+}
+
 /// Rebuilds the index below the recovery point on a thread of its own, reading through the
 /// writer like any reader, and hands the result to the writer.
 fn spawn_backfill(job: Backfill, tx: Sender<Request>, cancel: Arc<AtomicBool>) {
     let started = Instant::now();
     let failed = tx.clone();
+    let done = tx.clone();
+    let mut read = cancellable_reads(tx, cancel);
     let run = move || {
-        let mut read = |position: u64, len: u64| {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(LogError::Shutdown);
-            }
-            read_raw_via(&tx, position, len)
-        };
         let result = job.run(&mut read);
         tracing::info!(
             from = job.from,
@@ -307,7 +309,7 @@ fn spawn_backfill(job: Backfill, tx: Sender<Request>, cancel: Arc<AtomicBool>) {
             ok = result.is_ok(),
             "index below the recovery point rebuilt"
         );
-        let _ = tx.send(Request::Backfilled(result));
+        let _ = done.send(Request::Backfilled(result));
     };
     if let Err(e) = std::thread::Builder::new()
         .name("nvmq-backfill".into())
