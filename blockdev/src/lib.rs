@@ -11,6 +11,7 @@
 //! recycles them, so steady-state I/O allocates nothing.
 
 mod buffer;
+pub mod contract;
 mod error;
 pub mod file;
 #[cfg(target_os = "linux")]
@@ -79,7 +80,8 @@ pub struct Completion {
     pub result: Result<(), DeviceError>,
 }
 
-/// The block device contract (storage.md §3).
+/// The block device contract (storage.md §3). [`contract`] holds the checks every implementation
+/// must pass.
 ///
 /// Addresses are in logical blocks. A write or read covers `buffer.len()` bytes, which must be a
 /// non-zero multiple of the logical block size and at most `max_transfer`. Nothing is retried or hidden:
@@ -87,7 +89,8 @@ pub struct Completion {
 pub trait BlockDevice: Send {
     fn info(&self) -> &DeviceInfo;
 
-    /// A buffer the device can transfer from and to, aligned for it, with `len` bytes zeroed.
+    /// A buffer the device can transfer from and to, aligned for it (to the logical block size
+    /// and to 4096 at least), with `len` bytes zeroed. Zero bytes is refused as a bad request.
     fn alloc_buffer(&mut self, len: usize) -> Result<IoBuffer, DeviceError>;
 
     /// How many I/Os may be outstanding at once; a submit beyond it fails with `QueueFull`.
@@ -102,7 +105,8 @@ pub trait BlockDevice: Send {
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError>;
 
     /// Like `poll`, but waits up to `timeout` for at least one completion. A polled backend spins;
-    /// a threaded one sleeps on its completion queue.
+    /// a threaded one sleeps on its completion queue. With nothing in flight it returns `Ok(0)` at
+    /// once: no completion can come.
     fn wait(&mut self, out: &mut Vec<Completion>, timeout: Duration) -> Result<usize, DeviceError>;
 
     /// I/Os submitted and not yet returned by `poll`/`wait`.

@@ -156,64 +156,6 @@ fn close_deletes_the_queues_before_the_shutdown() {
 }
 
 #[test]
-fn writes_and_reads_round_trip_with_many_in_flight() {
-    let (mut dev, h) = open_with(FakeConfig::default(), small_opts());
-    let bs = 4096u64;
-    let mut plan = Vec::new();
-    let mut lba = 0u64;
-    for i in 0..32u64 {
-        let blocks = 1 + (i * 7) % 16;
-        plan.push((i, lba, blocks));
-        lba += blocks + (i * 13) % 29;
-    }
-    for &(tag, lba, blocks) in &plan {
-        let b = filled(&mut dev, tag, lba, (blocks * bs) as usize);
-        dev.submit_write(tag, lba, b).unwrap();
-    }
-    assert_eq!(dev.in_flight(), plan.len());
-    let done = drain(&mut dev, plan.len());
-    assert_eq!(dev.in_flight(), 0);
-    let by_tag: HashMap<u64, (u64, u64)> = plan.iter().map(|&(t, l, n)| (t, (l, n))).collect();
-    for c in &done {
-        c.result.as_ref().unwrap();
-        assert_eq!((c.op, c.lba), (Op::Write, by_tag[&c.tag].0));
-        assert!(c.buffer.is_some());
-    }
-    // The data is on the namespace where it belongs.
-    let (t, l, n) = plan[5];
-    let media = h.peek((l * bs) as usize, (n * bs) as usize);
-    assert!(media
-        .iter()
-        .enumerate()
-        .all(|(k, &x)| x == pattern(t, l, k)));
-
-    dev.submit_flush(1000).unwrap();
-    let f = drain(&mut dev, 1);
-    assert_eq!((f[0].tag, f[0].op), (1000, Op::Flush));
-    f[0].result.as_ref().unwrap();
-    assert!(f[0].buffer.is_none());
-    assert_eq!(h.stats().flushes, 1);
-
-    for &(tag, lba, blocks) in &plan {
-        let b = dev.alloc_buffer((blocks * bs) as usize).unwrap();
-        dev.submit_read(tag + 10_000, lba, b).unwrap();
-    }
-    for c in drain(&mut dev, plan.len()) {
-        c.result.unwrap();
-        let tag = c.tag - 10_000;
-        let (lba, blocks) = by_tag[&tag];
-        let b = c.buffer.unwrap();
-        assert_eq!(b.len() as u64, blocks * bs);
-        assert!(
-            b.iter()
-                .enumerate()
-                .all(|(k, &x)| x == pattern(tag, lba, k)),
-            "read back differs for tag {tag} at lba {lba}"
-        );
-    }
-}
-
-#[test]
 fn queues_wrap_around_many_times_with_phase_flips() {
     // 8-entry queues: at most 7 commands in flight, so 7 caller I/Os of one command each.
     let cfg = FakeConfig {
@@ -401,55 +343,6 @@ fn out_of_range_io_is_a_clean_error() {
 }
 
 #[test]
-fn malformed_io_is_refused_at_submit() {
-    let (mut dev, _h) = open_with(FakeConfig::default(), small_opts());
-    let mut b = dev.alloc_buffer(4096).unwrap();
-    b.set_len(4095);
-    assert!(matches!(
-        dev.submit_write(1, 0, b),
-        Err(DeviceError::BadRequest { op: Op::Write, .. })
-    ));
-    let b = dev.alloc_buffer(512 << 10).unwrap();
-    assert!(matches!(
-        dev.submit_write(2, 0, b),
-        Err(DeviceError::BadRequest { why, .. }) if why.contains("maximum transfer")
-    ));
-    // Memory that is not mapped for the device would make it DMA into the void.
-    let heap = IoBuffer::new_heap(4096, 4096).unwrap();
-    assert!(matches!(
-        dev.submit_write(3, 0, heap),
-        Err(DeviceError::BadRequest { why, .. }) if why.contains("alloc_buffer")
-    ));
-    assert_eq!(dev.in_flight(), 0);
-    assert!(dev.alloc_buffer(0).is_err());
-}
-
-#[test]
-fn the_queue_depth_is_enforced_until_completions_are_collected() {
-    let opts = NvmeOptions {
-        queue_depth: 2,
-        ..small_opts()
-    };
-    let (mut dev, _h) = open_with(FakeConfig::default(), opts);
-    for tag in 0..2 {
-        let b = dev.alloc_buffer(4096).unwrap();
-        dev.submit_write(tag, tag, b).unwrap();
-    }
-    let b = dev.alloc_buffer(4096).unwrap();
-    assert!(matches!(
-        dev.submit_write(2, 2, b),
-        Err(DeviceError::QueueFull { depth: 2, .. })
-    ));
-    assert!(matches!(
-        dev.submit_flush(3),
-        Err(DeviceError::QueueFull { op: Op::Flush, .. })
-    ));
-    drain(&mut dev, 2);
-    dev.submit_flush(3).unwrap();
-    drain(&mut dev, 1)[0].result.as_ref().unwrap();
-}
-
-#[test]
 fn completions_may_arrive_out_of_order() {
     let (mut dev, h) = open_with(FakeConfig::default(), small_opts());
     h.hold_completions();
@@ -494,29 +387,6 @@ fn a_fatal_controller_stops_the_device_and_fails_what_was_in_flight() {
         dev.submit_flush(9),
         Err(DeviceError::Stopped { .. })
     ));
-}
-
-#[test]
-fn data_survives_reopen_and_the_last_block_is_addressable() {
-    let (mut dev, h) = open_with(FakeConfig::default(), small_opts());
-    let last = dev.info().capacity / 4096 - 1;
-    let identity = dev.info().identity.clone();
-    dev.write_at(last * 4096, &[0xab; 4096]).unwrap();
-    dev.write_at(0, &[0xcd; 8192]).unwrap();
-    SyncIo::flush(&mut dev).unwrap();
-    // A process that dies leaves the controller enabled; the next open resets it.
-    std::mem::forget(dev);
-    let mut dev = NvmeDevice::with_host(h.reconnect(), 1, small_opts()).unwrap();
-    assert_eq!(dev.info().identity, identity);
-    assert_eq!(dev.read_at(last * 4096, 4096).unwrap(), vec![0xab; 4096]);
-    let head = dev.read_at(0, 3 * 4096).unwrap();
-    assert!(head[..8192].iter().all(|&x| x == 0xcd));
-    assert!(head[8192..].iter().all(|&x| x == 0));
-    assert_eq!(
-        h.stats().disables,
-        1,
-        "the second open disabled the running controller"
-    );
 }
 
 #[test]
@@ -739,26 +609,6 @@ fn bad_options_are_refused() {
         let e = open_err(FakeConfig::default(), 1, opts);
         assert!(e.contains("NvmeOptions"), "{e}");
     }
-}
-
-#[test]
-fn wait_returns_at_once_with_nothing_in_flight() {
-    let (mut dev, _h) = open_with(FakeConfig::default(), small_opts());
-    let mut out = Vec::new();
-    let t = std::time::Instant::now();
-    assert_eq!(dev.wait(&mut out, Duration::from_secs(5)).unwrap(), 0);
-    assert!(t.elapsed() < Duration::from_secs(1));
-}
-
-#[test]
-fn the_device_is_send_and_boxable() {
-    fn is_send<T: Send>() {}
-    is_send::<Dev>();
-    is_send::<NvmeDevice>();
-    let (dev, _h) = open_with(FakeConfig::default(), small_opts());
-    let mut boxed: Box<dyn BlockDevice> = Box::new(dev);
-    boxed.write_at(0, &[5u8; 4096]).unwrap();
-    assert_eq!(boxed.read_at(0, 4096).unwrap(), vec![5u8; 4096]);
 }
 
 /// xorshift64*, seeded; NVMQ_SEED replays a run.

@@ -247,8 +247,12 @@ impl BlockDevice for FileDevice {
     }
 
     /// Sleeps on the completion channel for up to `timeout` for the first completion, then takes
-    /// whatever else is ready. Returns `Ok(0)` when the time ran out.
+    /// whatever else is ready. Returns `Ok(0)` when the time ran out, and at once when nothing is
+    /// in flight (every completion queued belongs to an I/O counted in flight).
     fn wait(&mut self, out: &mut Vec<Completion>, timeout: Duration) -> Result<usize, DeviceError> {
+        if self.in_flight == 0 {
+            return Ok(0);
+        }
         match self.pool.recv_timeout(timeout) {
             Ok(Some(c)) => self.delivered(c, out),
             Ok(None) => return Ok(0),
