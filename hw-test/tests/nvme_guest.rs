@@ -14,7 +14,9 @@ use common::log;
 const CHECK: &str = env!("CARGO_BIN_EXE_nvme-check");
 const CRASH: &str = env!("CARGO_BIN_EXE_nvme-crash-cycle");
 const STRACE: &str = "/usr/bin/strace";
-/// The checks `nvme-check` runs against a controller, in order.
+/// The driver checks `nvme-check` runs against a controller, in order; the device contract suite
+/// (`blockdev::contract::CHECKS`, as `contract:<name>`) runs between `shutdown` and
+/// `bad-namespace`.
 const CHECKS: &[&str] = &[
     "open",
     "identify",
@@ -23,7 +25,6 @@ const CHECKS: &[&str] = &[
     "prp-lists",
     "mdts-split",
     "queue-wrap",
-    "flush",
     "out-of-range",
     "shutdown",
     "bad-namespace",
@@ -99,6 +100,18 @@ fn assert_checks_pass(c: &CmdResult, block: u32) {
     for name in CHECKS {
         passed(c, name);
     }
+    // Every check of the contract suite the other backends pass, on the emulated controller.
+    for check in blockdev::contract::CHECKS {
+        passed(c, &format!("contract:{}", check.name));
+    }
+    let lines: Vec<&str> = c.output.lines().collect();
+    let at = |head: &str| lines.iter().position(|l| l.starts_with(head));
+    assert!(
+        at("CHECK shutdown ") < at("CHECK contract:geometry ")
+            && at("CHECK contract:reopen-in-flight ") < at("CHECK bad-namespace "),
+        "the contract suite runs after the driver checks and before bad-namespace:\n{}",
+        c.output
+    );
     assert_eq!(
         c.output.lines().last(),
         Some("NVME-CHECK PASS"),

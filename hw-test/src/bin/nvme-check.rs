@@ -1,6 +1,7 @@
 //! `nvme-check --pci <addr> [--ns N] --destroy-data`: opens an NVMe namespace with nvmq's
-//! userspace driver (the function must be bound to vfio-pci) and runs the driver checks against
-//! the real (or QEMU-emulated) controller, one line per check, then `NVME-CHECK PASS` or
+//! userspace driver (the function must be bound to vfio-pci) and runs the driver checks and then
+//! the device contract suite every backend passes (`blockdev::contract`, as `CHECK contract:<name>`)
+//! against the real (or QEMU-emulated) controller, one line per check, then `NVME-CHECK PASS` or
 //! `NVME-CHECK FAIL` (exit status 1). It overwrites data on the namespace.
 
 #[cfg(target_os = "linux")]
@@ -19,6 +20,7 @@ mod linux {
     use std::time::Duration;
 
     use anyhow::{anyhow, bail, ensure, Context, Result};
+    use blockdev::contract::{DeviceFactory, FakeNvmeFactory, NvmeFactory, CHECKS};
     use blockdev::nvme::fake::{self, FakeConfig};
     use blockdev::nvme::{Host, NvmeDevice, NvmeOptions};
     use blockdev::{BlockDevice, Completion, DeviceError, IoBuffer, Op, SyncIo};
@@ -93,15 +95,13 @@ mod linux {
                 blocks: 32768,
                 ..FakeConfig::default()
             };
-            let (host, _handle) = fake::controller(cfg);
+            let (host, _handle) = fake::controller(cfg.clone());
             let failed = match NvmeDevice::with_host(host, 1, NvmeOptions::default()) {
                 Ok(dev) => checks(dev, "software controller"),
                 Err(e) => return fail_open(&e),
             };
-            if failed == 0 {
-                println!("NVME-CHECK PASS");
-            }
-            return failed;
+            let failed = failed + contract(&mut FakeNvmeFactory::new(cfg, NvmeOptions::default()));
+            return verdict(failed);
         };
         if let Some(ios) = a.hot_loop {
             return match NvmeDevice::open(&pci, a.nsid, NvmeOptions::default())
@@ -119,28 +119,50 @@ mod linux {
                 }
             };
         }
-        let nn = match NvmeDevice::open(&pci, a.nsid, NvmeOptions::default()) {
+        let (nn, mut failed) = match NvmeDevice::open(&pci, a.nsid, NvmeOptions::default()) {
             Ok(dev) => {
                 let nn = dev.details().controller.nn;
-                match checks(dev, &format!("{pci} ns {}", a.nsid)) {
-                    0 => nn,
-                    failed => return failed,
-                }
+                (nn, checks(dev, &format!("{pci} ns {}", a.nsid)))
             }
             Err(e) => return fail_open(&e),
         };
+        failed += contract(&mut NvmeFactory {
+            pci: pci.clone(),
+            nsid: a.nsid,
+            options: NvmeOptions::default(),
+        });
         match bad_namespaces(&pci, a.nsid, nn) {
-            Ok(detail) => {
-                println!("CHECK bad-namespace PASS: {detail}");
-                println!("NVME-CHECK PASS");
-                0
-            }
+            Ok(detail) => println!("CHECK bad-namespace PASS: {detail}"),
             Err(e) => {
                 println!("CHECK bad-namespace FAIL: {e:#}");
-                println!("NVME-CHECK FAIL (1 check failed)");
-                1
+                failed += 1;
             }
         }
+        verdict(failed)
+    }
+
+    /// The last line, and the exit status: 0 when every check passed.
+    fn verdict(failed: usize) -> i32 {
+        if failed == 0 {
+            println!("NVME-CHECK PASS");
+            0
+        } else {
+            println!("NVME-CHECK FAIL ({failed} checks failed)");
+            1
+        }
+    }
+
+    /// The device contract suite every backend passes (`blockdev::contract`), one line per check
+    /// as `CHECK contract:<name>`; returns how many failed. It opens, reopens and closes the
+    /// device itself.
+    fn contract<F: DeviceFactory>(factory: &mut F) -> usize {
+        let results = blockdev::contract::run_all(factory);
+        for r in &results {
+            println!("CHECK contract:{r}");
+        }
+        let failed = results.iter().filter(|r| !r.passed()).count();
+        // A check that did not run is a failure too (run_all stops early when it cannot open).
+        failed + CHECKS.len().saturating_sub(results.len())
     }
 
     /// Opening a namespace the controller lacks fails with the open error naming it, and leaves
@@ -176,7 +198,8 @@ mod linux {
         1
     }
 
-    fn checks<H: Host>(mut dev: NvmeDevice<H>, what: &str) -> i32 {
+    /// The driver's own checks, one line each; returns how many failed. Closes the device.
+    fn checks<H: Host>(mut dev: NvmeDevice<H>, what: &str) -> usize {
         println!("CHECK open PASS: {what}");
         let mut failed = 0;
         let mut check =
@@ -195,7 +218,6 @@ mod linux {
         check("prp-lists", &mut dev, prp_lists);
         check("mdts-split", &mut dev, mdts_split);
         check("queue-wrap", &mut dev, queue_wrap);
-        check("flush", &mut dev, flush);
         check("out-of-range", &mut dev, out_of_range);
         match dev.close() {
             Ok(()) => println!("CHECK shutdown PASS: CC.SHN normal shutdown completed"),
@@ -204,12 +226,7 @@ mod linux {
                 failed += 1;
             }
         }
-        if failed == 0 {
-            0
-        } else {
-            println!("NVME-CHECK FAIL ({failed} checks failed)");
-            1
-        }
+        failed
     }
 
     /// `ios` writes of one block, the queue kept full, with a Flush after every `depth` writes (one
@@ -482,19 +499,6 @@ mod linux {
         Ok(format!(
             "{total} writes through {} queue entries (over 2x, phase flips), depth {depth}, verified",
             dev.details().queue_entries
-        ))
-    }
-
-    fn flush<H: Host>(dev: &mut NvmeDevice<H>) -> Result<String> {
-        dev.write_at(0, &vec![0x5A; dev.info().logical_block_size as usize])?;
-        SyncIo::flush(dev)?;
-        Ok(format!(
-            "Flush completed (volatile write cache {})",
-            if dev.info().volatile_write_cache {
-                "present: flushes are needed"
-            } else {
-                "absent"
-            }
         ))
     }
 
