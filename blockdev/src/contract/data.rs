@@ -231,11 +231,14 @@ pub fn write_isolation<D: BlockDevice + ?Sized>(dev: &mut D) -> Result<(), Contr
 pub fn reopen<F: DeviceFactory>(factory: &mut F, mut dev: F::Device) -> Reopened<F::Device> {
     const CHECK: &str = check::REOPEN.name;
     let n = capacity_blocks(&dev);
-    let (first, last) = (0x0F, 0x1A);
+    let (under, first, last) = (0x0E, 0x0F, 0x1A);
+    // Blocks 0 and 1 over an older write to 0..3: block 2 keeps the older data.
+    let seeds = move |block: u64| if block < 2 { first } else { under };
     let before = (|| {
-        write_now(&mut dev, CHECK, TAG_BASE | 1, first, 0, 2)?;
-        write_now(&mut dev, CHECK, TAG_BASE | 2, last, n - 1, 1)?;
-        flush_now(&mut dev, CHECK, TAG_BASE | 3)
+        write_now(&mut dev, CHECK, TAG_BASE | 1, under, 0, 3)?;
+        write_now(&mut dev, CHECK, TAG_BASE | 2, first, 0, 2)?;
+        write_now(&mut dev, CHECK, TAG_BASE | 3, last, n - 1, 1)?;
+        flush_now(&mut dev, CHECK, TAG_BASE | 4)
     })();
     if let Err(e) = before {
         return (Err(e), Some(dev));
@@ -282,16 +285,16 @@ pub fn reopen<F: DeviceFactory>(factory: &mut F, mut dev: F::Device) -> Reopened
             &mut dev,
             CHECK,
             "reading flushed blocks after reopening",
-            TAG_BASE | 4,
+            TAG_BASE | 5,
             0,
-            2,
-            |_| first,
+            3,
+            seeds,
         )?;
         expect_data(
             &mut dev,
             CHECK,
             "reading the flushed last block after reopening",
-            TAG_BASE | 5,
+            TAG_BASE | 6,
             n - 1,
             1,
             |_| last,
