@@ -7,10 +7,10 @@
 //! `Err(ContractFailure)` naming the check, the operation, the block address and the tag, rather
 //! than panicking, so a binary can run the suite on hardware and report every check.
 //!
-//! What the checks expect comes from the contract and from the device's [`DeviceInfo`], never from
-//! which backend it is. What the suite does *not* cover is backend-specific and tested with each
-//! backend: open refusals, the crash model of the sim, the NVMe admin sequence, PRP lists,
-//! command splitting, doorbells and status decoding.
+//! What the checks expect comes from the contract and from the device's
+//! [`DeviceInfo`](crate::DeviceInfo), never from which backend it is. What the suite does *not*
+//! cover is backend-specific and tested with each backend: open refusals, the crash model of the
+//! sim, the NVMe admin sequence, PRP lists, command splitting, doorbells and status decoding.
 //!
 //! The suite writes over the whole device (the last block included): run it only on a device whose
 //! data may be destroyed. It needs a device of at least [`MIN_BLOCKS`] logical blocks.
