@@ -68,6 +68,33 @@ pub enum DeviceError {
         dnr: bool,
         meaning: &'static str,
     },
+    /// An NVMe command did not complete within the I/O timeout. The device is stopped: nothing
+    /// that was in flight is known to have reached the medium, and a late completion of the
+    /// command is never reported.
+    #[error(
+        "{op} at block {lba} timed out: NVMe command {opcode:#04x} (command id {cid} on \
+         submission queue {qid}) had not completed after at least {waited_ms} ms (io_timeout \
+         {timeout_ms} ms); {abort}; the device is stopped and nothing that was in flight is known \
+         to be durable: check the drive (SMART, kernel log) and reset it before recovery"
+    )]
+    CommandTimeout {
+        op: Op,
+        lba: u64,
+        opcode: u8,
+        cid: u16,
+        qid: u16,
+        waited_ms: u64,
+        timeout_ms: u64,
+        /// What became of the Abort the driver sent.
+        abort: String,
+    },
+    /// The device was stopped by an earlier failure (`reason`), which fails this I/O too.
+    #[error("{op} at block {lba} failed: the device stopped after an earlier failure: {reason}")]
+    Failed {
+        op: Op,
+        lba: u64,
+        reason: Box<DeviceError>,
+    },
 }
 
 impl DeviceError {
@@ -80,7 +107,9 @@ impl DeviceError {
             | DeviceError::Open { op, .. }
             | DeviceError::Stopped { op, .. }
             | DeviceError::Timeout { op, .. }
-            | DeviceError::Nvme { op, .. } => *op,
+            | DeviceError::Nvme { op, .. }
+            | DeviceError::CommandTimeout { op, .. }
+            | DeviceError::Failed { op, .. } => *op,
         }
     }
 }

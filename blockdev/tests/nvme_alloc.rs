@@ -67,6 +67,7 @@ fn steady_state_io_allocates_nothing() {
         max_transfer: 64 << 10,
         arena_bytes: 4 << 20,
         max_arenas: 1,
+        ..NvmeOptions::default()
     };
     let mut dev = NvmeDevice::with_host(host, 1, opts).unwrap();
     let depth = dev.queue_depth();

@@ -25,7 +25,7 @@ Every combination of device x flush mode x record size x producers is one scenar
 is formatted (a file is created when missing; an existing file other than the default needs \
 --force).")]
 pub struct BenchArgs {
-    /// Device, repeatable: `file:<path>` (created if missing), `nvme:<pci>[,ns=<id>]` (needs --force), or `sim[:flush=4.4ms,write=20us,capacity=4G,plp=false,serialize=false]`.
+    /// Device, repeatable: `file:<path>` (created if missing), `nvme:<pci>[,ns=<id>][,io_timeout_ms=<ms>]` (needs --force), or `sim[:flush=4.4ms,write=20us,capacity=4G,plp=false,serialize=false]`.
     #[arg(long, action = clap::ArgAction::Append, default_value = "file:./nvmq-data/bench.img")]
     pub device: Vec<String>,
     /// Size of a device file the bench creates.
@@ -150,7 +150,7 @@ pub fn run(args: BenchArgs) -> Result<crate::Status> {
                 );
             }
         }
-        if let (DeviceSpec::Nvme { pci, nsid }, false) = (&spec, args.force) {
+        if let (DeviceSpec::Nvme { pci, nsid, .. }, false) = (&spec, args.force) {
             bail!(
                 "the bench formats its device; pass --force to overwrite NVMe {pci} namespace {nsid}"
             );

@@ -1,5 +1,6 @@
 //! Device specifications on the command line: `sim[:key=value,...]`, `file:<path>`, a path, or
-//! `nvme:<PCI address>[,ns=<id>]` (the userspace driver; the function must be bound to vfio-pci).
+//! `nvme:<PCI address>[,ns=<id>][,io_timeout_ms=<ms>]` (the userspace driver; the function must be
+//! bound to vfio-pci).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,7 +15,12 @@ use blockdev::BlockDevice;
 pub enum DeviceSpec {
     Sim(SimSpec),
     File(PathBuf),
-    Nvme { pci: String, nsid: u32 },
+    Nvme {
+        pci: String,
+        nsid: u32,
+        /// `NvmeOptions::io_timeout`; `None` keeps the driver's default (30 s).
+        io_timeout: Option<Duration>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -110,7 +116,11 @@ impl DeviceSpec {
                 init(&mut dev)?;
                 Ok(Box::new(dev))
             }
-            DeviceSpec::Nvme { pci, nsid } => open_nvme(pci, *nsid, init),
+            DeviceSpec::Nvme {
+                pci,
+                nsid,
+                io_timeout,
+            } => open_nvme(pci, *nsid, *io_timeout, init),
             DeviceSpec::File(p) => {
                 if let (Some(size), false) = (create, p.exists()) {
                     if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -130,11 +140,15 @@ impl DeviceSpec {
     }
 }
 
-/// `nvme:0000:00:04.0`, `nvme:00:04.0,ns=2`.
+/// Largest `io_timeout_ms` (one hour, as the driver accepts).
+const MAX_IO_TIMEOUT_MS: u64 = 3_600_000;
+
+/// `nvme:0000:00:04.0`, `nvme:00:04.0,ns=2`, `nvme:00:04.0,io_timeout_ms=5000`.
 fn parse_nvme(s: &str, rest: &str) -> Result<DeviceSpec> {
     let mut parts = rest.split(',');
     let addr = parts.next().unwrap_or("");
     let mut nsid = 1u32;
+    let mut io_timeout = None;
     for kv in parts {
         match kv.split_once('=') {
             Some(("ns", v)) => {
@@ -142,7 +156,22 @@ fn parse_nvme(s: &str, rest: &str) -> Result<DeviceSpec> {
                     anyhow!("device {s:?}: ns={v:?} is not a namespace id (1, 2, ...)")
                 })?
             }
-            _ => bail!("device {s:?}: unknown nvme option {kv:?} (ns=<id>)"),
+            Some(("io_timeout_ms", v)) => {
+                let ms: u64 = v
+                    .parse()
+                    .ok()
+                    .filter(|ms| (1..=MAX_IO_TIMEOUT_MS).contains(ms))
+                    .ok_or_else(|| {
+                        anyhow!(
+                            "device {s:?}: io_timeout_ms={v:?} is not a whole number of \
+                             milliseconds from 1 to {MAX_IO_TIMEOUT_MS}"
+                        )
+                    })?;
+                io_timeout = Some(Duration::from_millis(ms));
+            }
+            _ => bail!(
+                "device {s:?}: unknown nvme option {kv:?} (ns=<id>, io_timeout_ms=<milliseconds>)"
+            ),
         }
     }
     let full = if addr.matches(':').count() == 1 {
@@ -166,6 +195,7 @@ fn parse_nvme(s: &str, rest: &str) -> Result<DeviceSpec> {
     Ok(DeviceSpec::Nvme {
         pci: full.to_ascii_lowercase(),
         nsid,
+        io_timeout,
     })
 }
 
@@ -173,10 +203,16 @@ fn parse_nvme(s: &str, rest: &str) -> Result<DeviceSpec> {
 fn open_nvme(
     pci: &str,
     nsid: u32,
+    io_timeout: Option<Duration>,
     init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
 ) -> Result<Box<dyn BlockDevice>> {
     use blockdev::nvme::{NvmeDevice, NvmeOptions};
-    let mut dev = NvmeDevice::open(pci, nsid, NvmeOptions::default())
+    let defaults = NvmeOptions::default();
+    let opts = NvmeOptions {
+        io_timeout: io_timeout.unwrap_or(defaults.io_timeout),
+        ..defaults
+    };
+    let mut dev = NvmeDevice::open(pci, nsid, opts)
         .with_context(|| format!("opening NVMe device {pci} namespace {nsid}"))?;
     init(&mut dev)?;
     Ok(Box::new(dev))
@@ -186,6 +222,7 @@ fn open_nvme(
 fn open_nvme(
     pci: &str,
     _nsid: u32,
+    _io_timeout: Option<Duration>,
     _init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
 ) -> Result<Box<dyn BlockDevice>> {
     bail!("device nvme:{pci}: the NVMe backend needs Linux (VFIO)")
@@ -280,12 +317,26 @@ mod tests {
         assert!("file:".parse::<DeviceSpec>().is_err());
         assert!(matches!(
             "nvme:0000:00:03.0".parse::<DeviceSpec>().unwrap(),
-            DeviceSpec::Nvme { pci, nsid: 1 } if pci == "0000:00:03.0"
+            DeviceSpec::Nvme { pci, nsid: 1, io_timeout: None } if pci == "0000:00:03.0"
         ));
         assert!(matches!(
             "nvme:00:1F.7,ns=2".parse::<DeviceSpec>().unwrap(),
-            DeviceSpec::Nvme { pci, nsid: 2 } if pci == "0000:00:1f.7"
+            DeviceSpec::Nvme { pci, nsid: 2, io_timeout: None } if pci == "0000:00:1f.7"
         ));
+        assert!(matches!(
+            "nvme:00:04.0,io_timeout_ms=5000,ns=3".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Nvme { nsid: 3, io_timeout: Some(t), .. } if t == Duration::from_secs(5)
+        ));
+        for bad in ["0", "-5", "1.5", "abc", "", "3600001"] {
+            let e = format!("nvme:00:04.0,io_timeout_ms={bad}")
+                .parse::<DeviceSpec>()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("io_timeout_ms={bad:?}")) && e.contains("milliseconds"),
+                "{bad}: {e}"
+            );
+        }
         for bad in [
             "nvme:",
             "nvme:0000:00:03",

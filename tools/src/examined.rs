@@ -18,7 +18,12 @@ pub type Device = ReadOnly<Box<dyn BlockDevice>>;
 /// Opens an existing device so that nothing can be written to it; reads advance `pb`.
 pub fn open_read_only(spec_text: &str, pb: &ProgressBar) -> Result<(Device, DeviceSpec)> {
     let spec: DeviceSpec = spec_text.parse()?;
-    let dev = spec.open(None, |_| Ok(()))?;
+    // Read-only at the OS level too: it runs on a read-only file and beside a running broker.
+    let file_opts = blockdev::file::FileOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let dev = spec.open_with(None, file_opts, |_| Ok(()))?;
     let pb = pb.clone();
     Ok((ReadOnly::new(dev, move |n| pb.inc(n)), spec))
 }

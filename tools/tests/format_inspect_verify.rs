@@ -377,3 +377,37 @@ fn verify_calls_a_torn_tail_past_the_durable_point_normal() {
     assert_eq!(v["end"]["kind"], "fenced", "{j}");
     assert_eq!(v["end"]["position"], tail);
 }
+
+#[test]
+fn inspect_and_verify_run_beside_a_writer_that_format_and_a_second_writer_are_refused_by() {
+    let d = temp_dir("beside-writer");
+    let p = formatted(&d);
+    append_records(&p, 20);
+    // This process holds the device as a running broker would: read-write, locked.
+    let writer = blockdev::file::FileDevice::open(&p, blockdev::file::FileOptions::default())
+        .expect("open the device as its writer");
+    let before = read_file(&p);
+
+    let inspect = nvmq(&["inspect", "--device", &spec(&p), "--json"]);
+    assert_eq!(inspect.code, 0, "{inspect}");
+    let verify = nvmq(&["verify", "--device", &spec(&p)]);
+    assert_eq!(verify.code, 0, "{verify}");
+    assert!(verify.stdout.contains("20 records"), "{verify}");
+
+    let format = nvmq(&["format", "--device", &spec(&p), "--force"]);
+    assert_eq!(format.code, 1, "{format}");
+    assert!(
+        format
+            .stderr
+            .contains("another process has it open for writing"),
+        "{format}"
+    );
+    assert_eq!(
+        read_file(&p),
+        before,
+        "nothing was written beside the writer"
+    );
+    drop(writer);
+    let format = nvmq(&["format", "--device", &spec(&p), "--force"]);
+    assert_eq!(format.code, 0, "{format}");
+}

@@ -66,7 +66,9 @@ fn error_lba(e: &DeviceError) -> Option<u64> {
         | DeviceError::QueueFull { lba, .. }
         | DeviceError::Io { lba, .. }
         | DeviceError::Stopped { lba, .. }
-        | DeviceError::Nvme { lba, .. } => Some(*lba),
+        | DeviceError::Nvme { lba, .. }
+        | DeviceError::CommandTimeout { lba, .. }
+        | DeviceError::Failed { lba, .. } => Some(*lba),
         DeviceError::Open { .. } | DeviceError::Timeout { .. } => None,
     }
 }

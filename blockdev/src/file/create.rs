@@ -33,6 +33,11 @@ where
         path: path.display().to_string(),
         detail,
     };
+    if opts.read_only {
+        return Err(err(
+            "cannot create a device with FileOptions::read_only set".into(),
+        ));
+    }
     if size == 0 || !size.is_multiple_of(4096) {
         return Err(err(format!(
             "cannot create a device of {size} bytes: the size must be a positive multiple of 4096"
@@ -192,7 +197,8 @@ where
     file.sync_all()
         .map_err(|e| err("cannot fsync after zero-filling", e))?;
 
-    let mut dev = FileDevice::open(tmp, opts)?;
+    // Unlocked: this create holds the temporary file's lock through `file`.
+    let mut dev = FileDevice::open_locked(tmp, opts, false)?;
     init(&mut dev)?;
     drain(&mut dev)?;
     drop(dev);

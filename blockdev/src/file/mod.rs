@@ -36,6 +36,10 @@ pub struct FileOptions {
     /// direct I/O (tmpfs on older kernels); writes then go through the page cache, and flushes
     /// (`fdatasync`) are what make them durable, as always. See [`FileDevice::is_direct`].
     pub direct: bool,
+    /// Open for reading only (`O_RDONLY`, no lock, writes and flushes refused at submit): for
+    /// tools that look at a log, so they run on a read-only file and beside a running broker.
+    /// A read-write open takes an exclusive lock instead (see [`FileDevice::open`]).
+    pub read_only: bool,
 }
 
 impl Default for FileOptions {
@@ -44,6 +48,7 @@ impl Default for FileOptions {
             io_threads: 4,
             queue_depth: 256,
             direct: true,
+            read_only: false,
         }
     }
 }
@@ -56,6 +61,7 @@ impl Default for FileOptions {
 pub struct FileDevice {
     info: DeviceInfo,
     direct: bool,
+    read_only: bool,
     /// Alignment of the buffers `alloc_buffer` hands out.
     buffer_align: usize,
     /// Memory alignment that direct I/O requires of a buffer (1 without direct I/O).
@@ -73,7 +79,20 @@ impl FileDevice {
     /// logical block size, a file system that refuses `O_DIRECT` (the message suggests
     /// `direct: false`), and any error of `open(2)` itself such as a permission error. A block
     /// device is opened with `O_EXCL`, so that one that is mounted or in use is refused (`EBUSY`).
+    /// A regular file opened read-write is locked (`flock`, exclusive) for as long as the device
+    /// lives, so a second broker on the same file is refused instead of interleaving its writes
+    /// with ours; a read-only open ([`FileOptions::read_only`]) takes no lock.
     pub fn open(path: &Path, opts: FileOptions) -> Result<FileDevice, DeviceError> {
+        FileDevice::open_locked(path, opts, !opts.read_only)
+    }
+
+    /// [`FileDevice::open`], taking the exclusive lock only when `lock` is set (a create holds
+    /// its own lock on the file it builds).
+    pub(super) fn open_locked(
+        path: &Path,
+        opts: FileOptions,
+        lock: bool,
+    ) -> Result<FileDevice, DeviceError> {
         let open_err = |detail: String| DeviceError::Open {
             op: Op::Open,
             path: path.display().to_string(),
@@ -89,7 +108,7 @@ impl FileDevice {
                 "FileOptions::queue_depth must be at least 1".into(),
             ));
         }
-        let opened = open::open_device(path, opts.direct)?;
+        let opened = open::open_device(path, opts.direct, opts.read_only, lock)?;
         let logical = u64::from(opened.info.logical_block_size);
         let pool = Pool::start(opened.file, logical, opts.io_threads, opts.queue_depth)
             .map_err(|e| open_err(format!("cannot start the I/O threads: {e}")))?;
@@ -99,6 +118,7 @@ impl FileDevice {
         Ok(FileDevice {
             info: opened.info,
             direct: opts.direct,
+            read_only: opts.read_only,
             buffer_align,
             mem_align: opened.mem_align,
             queue_depth: opts.queue_depth,
@@ -139,6 +159,14 @@ impl FileDevice {
     }
 
     fn admit(&self, op: Op, lba: u64) -> Result<(), DeviceError> {
+        if self.read_only && op != Op::Read {
+            return Err(DeviceError::BadRequest {
+                op,
+                lba,
+                len: 0,
+                why: "the device was opened read-only",
+            });
+        }
         if self.pool.stopped() {
             return Err(DeviceError::Stopped { op, lba });
         }

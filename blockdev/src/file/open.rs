@@ -47,8 +47,14 @@ fn open_error(path: &Path, detail: String) -> DeviceError {
     }
 }
 
-/// Opens an existing regular file or block device for reading and writing; never creates.
-pub(super) fn open_device(path: &Path, direct: bool) -> Result<Opened, DeviceError> {
+/// Opens an existing regular file or block device, for reading and writing unless `read_only`,
+/// holding an exclusive lock on a regular file when `lock` is set; never creates.
+pub(super) fn open_device(
+    path: &Path,
+    direct: bool,
+    read_only: bool,
+    lock: bool,
+) -> Result<Opened, DeviceError> {
     let err = |detail: String| open_error(path, detail);
     let meta = std::fs::metadata(path).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
@@ -64,7 +70,10 @@ pub(super) fn open_device(path: &Path, direct: bool) -> Result<Opened, DeviceErr
             describe(&meta)
         )));
     }
-    let file = open_file(path, direct, block_device)?;
+    let file = open_file(path, direct, block_device, read_only)?;
+    if lock && !block_device {
+        lock_exclusive(path, &file)?;
+    }
     // Check again on the descriptor: the path may have been replaced between the two looks.
     let meta = file
         .metadata()
@@ -130,21 +139,44 @@ fn describe(meta: &Metadata) -> &'static str {
     }
 }
 
-/// Opens read-write, with `O_DIRECT` when asked and `O_EXCL` for a block device (Linux refuses an
-/// exclusive open of a block device that is mounted or claimed, which protects a disk in use).
+/// Holds an exclusive `flock` on a regular file opened for writing, released when the file closes
+/// (also when the process dies): two writers on one log would each believe their tail is the end.
+fn lock_exclusive(path: &Path, file: &File) -> Result<(), DeviceError> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => Err(open_error(
+            path,
+            "another process has it open for writing (a running nvmq serve?); stop it first, or \
+             look with inspect or verify, which open it read-only"
+                .into(),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(open_error(path, format!("cannot lock it: {e}")))
+        }
+    }
+}
+
+/// Opens read-write (read-only when asked), with `O_DIRECT` when asked and, read-write, `O_EXCL`
+/// for a block device (Linux refuses an exclusive open of a block device that is mounted or
+/// claimed, which protects a disk in use; a read-only look is allowed beside its owner).
 #[cfg(target_os = "linux")]
-fn open_file(path: &Path, direct: bool, block_device: bool) -> Result<File, DeviceError> {
+fn open_file(
+    path: &Path,
+    direct: bool,
+    block_device: bool,
+    read_only: bool,
+) -> Result<File, DeviceError> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut flags = 0;
     if direct {
         flags |= libc::O_DIRECT;
     }
-    if block_device {
+    if block_device && !read_only {
         flags |= libc::O_EXCL;
     }
     std::fs::OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(!read_only)
         .custom_flags(flags)
         .open(path)
         .map_err(|e| {
@@ -166,11 +198,16 @@ fn open_file(path: &Path, direct: bool, block_device: bool) -> Result<File, Devi
 
 /// macOS has no `O_DIRECT`; `F_NOCACHE` on the descriptor is its equivalent.
 #[cfg(target_os = "macos")]
-fn open_file(path: &Path, direct: bool, _block_device: bool) -> Result<File, DeviceError> {
+fn open_file(
+    path: &Path,
+    direct: bool,
+    _block_device: bool,
+    read_only: bool,
+) -> Result<File, DeviceError> {
     use std::os::fd::AsRawFd;
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(!read_only)
         .open(path)
         .map_err(|e| open_error(path, e.to_string()))?;
     if direct {
@@ -189,7 +226,12 @@ fn open_file(path: &Path, direct: bool, _block_device: bool) -> Result<File, Dev
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "macos")))]
-fn open_file(path: &Path, direct: bool, _block_device: bool) -> Result<File, DeviceError> {
+fn open_file(
+    path: &Path,
+    direct: bool,
+    _block_device: bool,
+    read_only: bool,
+) -> Result<File, DeviceError> {
     if direct {
         return Err(open_error(
             path,
@@ -199,7 +241,7 @@ fn open_file(path: &Path, direct: bool, _block_device: bool) -> Result<File, Dev
     }
     std::fs::OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(!read_only)
         .open(path)
         .map_err(|e| open_error(path, e.to_string()))
 }

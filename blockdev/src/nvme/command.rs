@@ -6,6 +6,7 @@ pub mod admin {
     pub const CREATE_IO_SQ: u8 = 0x01;
     pub const DELETE_IO_CQ: u8 = 0x04;
     pub const CREATE_IO_CQ: u8 = 0x05;
+    pub const ABORT: u8 = 0x08;
     pub const GET_LOG_PAGE: u8 = 0x02;
     pub const IDENTIFY: u8 = 0x06;
     pub const SET_FEATURES: u8 = 0x09;
@@ -141,6 +142,14 @@ impl Sqe {
         }
     }
 
+    /// Abort of command `cid` on submission queue `sqid` (CDW10: SQID 15:0, CID 31:16).
+    pub fn abort(sqid: u16, cid: u16) -> Sqe {
+        Sqe {
+            cdw10: u32::from(cid) << 16 | u32::from(sqid),
+            ..Sqe::new(admin::ABORT, 0)
+        }
+    }
+
     /// Read or Write of `blocks` (1..=65536) logical blocks at `slba`.
     pub fn read_write(opcode: u8, nsid: u32, slba: u64, blocks: u32, prp1: u64, prp2: u64) -> Sqe {
         Sqe {
@@ -214,5 +223,12 @@ mod tests {
         assert_eq!(cq.cdw11, 1, "PC=1, IEN=0");
         let sq = Sqe::create_io_sq(1, 256, 1, 0x20000);
         assert_eq!(sq.cdw11, 1 << 16 | 1);
+    }
+
+    #[test]
+    fn abort_names_the_queue_and_the_command() {
+        let a = Sqe::abort(1, 0x1234);
+        assert_eq!(a.opcode(), 0x08);
+        assert_eq!(a.cdw10, 0x1234_0001);
     }
 }

@@ -223,6 +223,24 @@ impl<H: Host> Controller<H> {
 
     /// Runs one admin command to completion.
     pub fn admin(&mut self, what: &'static str, sqe: Sqe) -> Result<Cqe, InitError> {
+        self.admin_within(what, sqe, ADMIN_TIMEOUT)
+    }
+
+    /// Asks the controller to abort command `cid` of submission queue `sqid`, waiting up to
+    /// `within` for the answer. True when the controller reports the command aborted (CQE DW0
+    /// bit 0 clear); false when it did not abort it (bit 0 set).
+    pub fn abort(&mut self, sqid: u16, cid: u16, within: Duration) -> Result<bool, InitError> {
+        let c = self.admin_within("Abort", Sqe::abort(sqid, cid), within)?;
+        Ok(c.dw0 & 1 == 0)
+    }
+
+    /// [`Controller::admin`] with its own time limit.
+    fn admin_within(
+        &mut self,
+        what: &'static str,
+        sqe: Sqe,
+        timeout: Duration,
+    ) -> Result<Cqe, InitError> {
         let cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
         self.admin.push(&sqe.with_cid(cid));
@@ -245,10 +263,10 @@ impl<H: Host> Controller<H> {
                         csts: s,
                     });
                 }
-                if start.elapsed() > ADMIN_TIMEOUT {
+                if start.elapsed() > timeout {
                     return Err(InitError::Timeout {
                         what: "complete an admin command",
-                        ms: ADMIN_TIMEOUT.as_millis() as u64,
+                        ms: timeout.as_millis() as u64,
                         csts: self.host.read32(regs::CSTS),
                     });
                 }

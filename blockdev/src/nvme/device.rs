@@ -8,7 +8,7 @@
 
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::command::{io, Sqe};
 use super::controller::{Controller, InitError};
@@ -19,6 +19,7 @@ use super::queue::QueuePair;
 use super::regs;
 use super::status::Status;
 use super::sys::{Host, HostError, Memory};
+use super::timeout::Epochs;
 use crate::{check_io, BlockDevice, Completion, DeviceError, DeviceInfo, IoBuffer, Op, Tag};
 
 /// How an [`NvmeDevice`] is opened.
@@ -34,6 +35,11 @@ pub struct NvmeOptions {
     /// `alloc_buffer` runs out.
     pub arena_bytes: usize,
     pub max_arenas: usize,
+    /// How long a command may stay in flight before the driver gives up on it (as Linux's
+    /// nvme io_timeout, 30 s by default): it sends an Abort, stops the device and reports
+    /// [`DeviceError::CommandTimeout`]. Checked while the driver waits on the device; precise to
+    /// about an eighth of itself.
+    pub io_timeout: Duration,
 }
 
 impl Default for NvmeOptions {
@@ -43,6 +49,7 @@ impl Default for NvmeOptions {
             max_transfer: 1 << 20,
             arena_bytes: 32 << 20,
             max_arenas: 4,
+            io_timeout: DEFAULT_IO_TIMEOUT,
         }
     }
 }
@@ -68,7 +75,18 @@ pub struct NvmeDetails {
     pub queue_entries: u16,
 }
 
-/// Empty polls between two clock reads in `wait`.
+/// [`NvmeOptions::io_timeout`] by default, as Linux's nvme driver.
+pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// The accepted range of [`NvmeOptions::io_timeout`].
+pub const IO_TIMEOUT_RANGE: std::ops::RangeInclusive<Duration> =
+    Duration::from_millis(1)..=Duration::from_secs(3600);
+/// How long the driver waits for the controller to answer the Abort of a timed-out command.
+const ABORT_WAIT: Duration = Duration::from_secs(1);
+/// The I/O submission queue's id (the driver creates one).
+const IO_QID: u16 = 1;
+
+/// Empty polls in a row between two looks at the controller: CSTS (an MMIO read) and the clock
+/// (a system call on an HPET guest), for `wait`'s timeout and the commands' ages.
 const CLOCK_EVERY: u32 = 256;
 
 /// Control memory of the admin queues and the Identify page.
@@ -90,6 +108,8 @@ struct Slot {
     lba: u64,
     opcode: u8,
     busy: bool,
+    /// The epoch at submission (see [`Epochs`]), for the I/O timeout.
+    epoch: u64,
 }
 
 /// One NVMe namespace over VFIO (or over any [`Host`], such as the software controller).
@@ -116,6 +136,12 @@ pub struct NvmeDevice<H: Host = super::vfio::VfioHost> {
     queue_depth: usize,
     in_flight: usize,
     empty_polls: u32,
+    epochs: Epochs,
+    /// The clock reading the last `poll` made, for `wait`'s own timeout.
+    sample: Option<Instant>,
+    /// Why the device stopped, when a command timed out: `poll` and `wait` report it, submits
+    /// are refused with it.
+    failure: Option<DeviceError>,
     stopped: bool,
     closed: bool,
     opts: NvmeOptions,
@@ -173,6 +199,12 @@ impl<H: Host> NvmeDevice<H> {
             return Err(err(
                 "NvmeOptions::arena_bytes must hold one max_transfer buffer and max_arenas be at least 1".into(),
             ));
+        }
+        if !IO_TIMEOUT_RANGE.contains(&opts.io_timeout) {
+            return Err(err(format!(
+                "NvmeOptions::io_timeout must be 1 ms to 1 hour, not {:?}",
+                opts.io_timeout
+            )));
         }
         let mut iova = IovaSpace::new(host.iova_ranges());
         let mut pinned = 0u64;
@@ -359,7 +391,8 @@ impl<H: Host> NvmeDevice<H> {
                     request: 0,
                     lba: 0,
                     opcode: 0,
-                    busy: false
+                    busy: false,
+                    epoch: 0,
                 };
                 slot_count
             ],
@@ -370,6 +403,9 @@ impl<H: Host> NvmeDevice<H> {
             queue_depth,
             in_flight: 0,
             empty_polls: 0,
+            epochs: Epochs::new(opts.io_timeout),
+            sample: None,
+            failure: None,
             stopped: false,
             closed: false,
             opts,
@@ -472,7 +508,7 @@ impl<H: Host> NvmeDevice<H> {
         range_check: bool,
     ) -> Result<(), DeviceError> {
         if self.stopped {
-            return Err(DeviceError::Stopped { op, lba });
+            return Err(self.refusal(op, lba));
         }
         let len = buffer.len();
         match check_io(&self.info, op, lba, len) {
@@ -540,6 +576,7 @@ impl<H: Host> NvmeDevice<H> {
                 lba: part_lba,
                 opcode,
                 busy: true,
+                epoch: self.epochs.stamp(),
             };
         }
         self.free_slots.truncate(self.free_slots.len() - parts);
@@ -557,9 +594,26 @@ impl<H: Host> NvmeDevice<H> {
         Ok(())
     }
 
-    /// Stops the device after the controller failed: disables it, turns off its DMA and fails
-    /// every I/O in flight with `detail`, handing the buffers back.
-    fn fail_all(&mut self, detail: &str, out: &mut Vec<Completion>) -> usize {
+    /// Why a submit is refused once the device has stopped.
+    fn refusal(&self, op: Op, lba: u64) -> DeviceError {
+        match &self.failure {
+            Some(e) => DeviceError::Failed {
+                op,
+                lba,
+                reason: Box::new(e.clone()),
+            },
+            None => DeviceError::Stopped { op, lba },
+        }
+    }
+
+    /// Stops the device after the controller failed: disables it (so it can no longer complete
+    /// anything, late or not), turns off its DMA and fails every I/O in flight with the error
+    /// `error(request index, op, lba)` gives, handing the buffers back.
+    fn fail_all(
+        &mut self,
+        out: &mut Vec<Completion>,
+        error: impl Fn(usize, Op, u64) -> DeviceError,
+    ) -> usize {
         self.stopped = true;
         let _ = self.ctrl.disable();
         self.ctrl.stop_dma();
@@ -574,11 +628,7 @@ impl<H: Host> NvmeDevice<H> {
                 op: r.op,
                 lba: r.lba,
                 buffer: r.buffer.take(),
-                result: Err(DeviceError::Io {
-                    op: r.op,
-                    lba: r.lba,
-                    detail: detail.to_string(),
-                }),
+                result: Err(error(i, r.op, r.lba)),
             });
             self.free_requests.push(i as u16);
             n += 1;
@@ -603,9 +653,73 @@ impl<H: Host> NvmeDevice<H> {
                      before recovery and check its health",
                     self.details.pci
                 );
-                self.fail_all(&detail, out)
+                self.fail_all(out, |_, op, lba| io_error(op, lba, &detail))
             }
         }
+    }
+
+    /// Takes a clock reading (made after `CLOCK_EVERY` empty polls) and fails the device when
+    /// the oldest command in flight has exceeded the I/O timeout.
+    fn check_timeout(&mut self, now: Instant, out: &mut Vec<Completion>) -> Option<DeviceError> {
+        self.epochs.observe(now);
+        if !self.epochs.may_have_expired(now) {
+            return None;
+        }
+        // The hint may be stale (its command completed): find the true oldest.
+        let oldest = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.busy)
+            .min_by_key(|(_, s)| s.epoch)
+            .map(|(cid, s)| (cid, *s));
+        self.epochs.set_oldest(oldest.map(|(_, s)| s.epoch));
+        let (cid, slot) = oldest?;
+        let waited = self.epochs.age(slot.epoch, now);
+        if waited < self.epochs.timeout() {
+            return None;
+        }
+        let cid = cid as u16;
+        let abort = match self
+            .ctrl
+            .abort(IO_QID, cid, self.epochs.timeout().min(ABORT_WAIT))
+        {
+            Ok(true) => "an Abort was sent and the controller aborted the command".to_string(),
+            Ok(false) => "an Abort was sent but the controller did not abort the command".into(),
+            Err(e) => format!("the Abort sent for it failed: {e}"),
+        };
+        let request = usize::from(slot.request);
+        let error = DeviceError::CommandTimeout {
+            op: self.requests[request].op,
+            lba: slot.lba,
+            opcode: slot.opcode,
+            cid,
+            qid: IO_QID,
+            waited_ms: waited.as_millis() as u64,
+            timeout_ms: self.epochs.timeout().as_millis() as u64,
+            abort,
+        };
+        self.fail_all(out, |i, op, lba| {
+            if i == request {
+                error.clone()
+            } else {
+                DeviceError::Failed {
+                    op,
+                    lba,
+                    reason: Box::new(error.clone()),
+                }
+            }
+        });
+        self.failure = Some(error.clone());
+        Some(error)
+    }
+}
+
+fn io_error(op: Op, lba: u64, detail: &str) -> DeviceError {
+    DeviceError::Io {
+        op,
+        lba,
+        detail: detail.to_string(),
     }
 }
 
@@ -669,10 +783,7 @@ impl<H: Host> BlockDevice for NvmeDevice<H> {
     /// whose completion was delivered before this call had completed, so the Flush covers them.
     fn submit_flush(&mut self, tag: Tag) -> Result<(), DeviceError> {
         if self.stopped {
-            return Err(DeviceError::Stopped {
-                op: Op::Flush,
-                lba: 0,
-            });
+            return Err(self.refusal(Op::Flush, 0));
         }
         let (Some(&r), Some(&s)) = (self.free_requests.last(), self.free_slots.last()) else {
             return Err(DeviceError::QueueFull {
@@ -689,6 +800,7 @@ impl<H: Host> BlockDevice for NvmeDevice<H> {
             lba: 0,
             opcode: io::FLUSH,
             busy: true,
+            epoch: self.epochs.stamp(),
         };
         self.requests[usize::from(r)] = Request {
             tag,
@@ -703,7 +815,13 @@ impl<H: Host> BlockDevice for NvmeDevice<H> {
         Ok(())
     }
 
+    /// After a command timed out, every call returns that [`DeviceError::CommandTimeout`] (the
+    /// call that found it also hands back every I/O in flight, failed); nothing more is reaped,
+    /// so a late completion of the command is never reported.
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError> {
+        if let Some(e) = &self.failure {
+            return Err(e.clone());
+        }
         if self.stopped {
             return Ok(0);
         }
@@ -720,7 +838,7 @@ impl<H: Host> BlockDevice for NvmeDevice<H> {
                      the device is stopped",
                     self.details.pci
                 );
-                return Ok(delivered + self.fail_all(&detail, out));
+                return Ok(delivered + self.fail_all(out, |_, op, lba| io_error(op, lba, &detail)));
             };
             self.slots[cid].busy = false;
             self.free_slots.push(cid as u16);
@@ -748,9 +866,17 @@ impl<H: Host> BlockDevice for NvmeDevice<H> {
         self.io.ring_completions(&self.ctrl.host);
         if reaped == 0 && self.in_flight > 0 {
             self.empty_polls = self.empty_polls.wrapping_add(1);
-            // Reading CSTS is an MMIO read, slow on real hardware; look now and then.
-            if self.empty_polls.is_multiple_of(256) {
+            // CSTS is an MMIO read, slow on real hardware, and the clock may be a system call:
+            // look only once the controller has kept us waiting a while, never per I/O.
+            if self.empty_polls.is_multiple_of(CLOCK_EVERY) {
                 delivered += self.check_fatal(out);
+                if !self.stopped {
+                    let now = self.ctrl.host.now();
+                    self.sample = Some(now);
+                    if let Some(e) = self.check_timeout(now, out) {
+                        return Err(e);
+                    }
+                }
             }
         } else {
             self.empty_polls = 0;
@@ -759,21 +885,20 @@ impl<H: Host> BlockDevice for NvmeDevice<H> {
     }
 
     /// Spins on `poll` until something completes or `timeout` passes; returns at once when
-    /// nothing is in flight. The clock is first read after `CLOCK_EVERY` empty polls and then
-    /// every `CLOCK_EVERY`, so a wait that the controller answers promptly reads it never (in a
-    /// guest whose clocksource is HPET each read is a system call); the timeout counts from that
-    /// first read.
+    /// nothing is in flight. The clock is read by `poll` after `CLOCK_EVERY` empty polls in a row
+    /// and then every `CLOCK_EVERY`, so a wait that the controller answers promptly reads it
+    /// never (in a guest whose clocksource is HPET each read is a system call); the timeout counts
+    /// from the first read. Those readings also age the commands in flight: a command older than
+    /// `NvmeOptions::io_timeout` fails the wait with [`DeviceError::CommandTimeout`].
     fn wait(&mut self, out: &mut Vec<Completion>, timeout: Duration) -> Result<usize, DeviceError> {
         let mut start = None;
-        let mut spins = 0u32;
+        self.sample = None;
         loop {
             let n = self.poll(out)?;
             if n > 0 || self.in_flight == 0 {
                 return Ok(n);
             }
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(CLOCK_EVERY) {
-                let now = self.ctrl.host.now();
+            if let Some(now) = self.sample.take() {
                 if now.duration_since(*start.get_or_insert(now)) >= timeout {
                     return Ok(0);
                 }

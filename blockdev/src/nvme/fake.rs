@@ -109,6 +109,8 @@ pub struct FakeStats {
     pub queues_requested: bool,
     /// Calls of [`Host::now`]: each one is a system call on a guest whose clocksource is HPET.
     pub clock_reads: u64,
+    /// (SQID, CID) of every Abort command, in order.
+    pub aborts: Vec<(u16, u16)>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -127,7 +129,7 @@ struct Cq {
     tail: u16,
     head: u16,
     phase: bool,
-    /// Entries executed but held back by `hold_completions`.
+    /// Entries executed but held back by `hold_completions` or stalled.
     held: u16,
 }
 
@@ -152,6 +154,13 @@ struct State {
     media: Vec<u8>,
     hold: bool,
     held: Vec<(u16, Cqe)>,
+    /// I/O commands with this opcode are stalled.
+    stall_opcode: Option<u8>,
+    /// The I/O command after this many more is stalled.
+    stall_countdown: Option<u64>,
+    /// Completions of stalled commands: never posted unless aborted or released.
+    stalled: Vec<(u16, Cqe)>,
+    ignore_aborts: bool,
     fail_next: Option<(u8, u16)>,
     fail_dma_map: bool,
     stats: FakeStats,
@@ -194,6 +203,10 @@ pub fn controller(cfg: FakeConfig) -> (FakeHost, FakeHandle) {
         media,
         hold: false,
         held: Vec::with_capacity(usize::from(cfg.mqes) + 1),
+        stall_opcode: None,
+        stall_countdown: None,
+        stalled: Vec::with_capacity(16),
+        ignore_aborts: false,
         fail_next: None,
         fail_dma_map: false,
         stats: FakeStats::default(),
@@ -246,10 +259,42 @@ impl FakeHandle {
         let mut s = lock(&self.state);
         s.hold = false;
         while let Some((qid, cqe)) = s.held.pop() {
-            if let Some(cq) = s.cqs[usize::from(qid)].as_mut() {
-                cq.held -= 1;
-            }
+            s.unhold(qid);
             s.post(qid, cqe);
+        }
+    }
+
+    /// From now on every I/O command with `opcode` is stalled: the controller takes it off the
+    /// submission queue and executes it but never completes it (a hung command), unless it is
+    /// aborted or [`FakeHandle::release_stalled`] is called.
+    pub fn stall_opcode(&self, opcode: u8) {
+        lock(&self.state).stall_opcode = Some(opcode);
+    }
+
+    /// Stalls one I/O command: the one after `n` more (0 = the next).
+    pub fn stall_nth(&self, n: u64) {
+        lock(&self.state).stall_countdown = Some(n);
+    }
+
+    /// The controller answers Abort with "not aborted" and keeps the command stalled.
+    pub fn ignore_aborts(&self) {
+        lock(&self.state).ignore_aborts = true;
+    }
+
+    /// (SQID, CID) of the commands stalled now.
+    pub fn stalled(&self) -> Vec<(u16, u16)> {
+        let s = lock(&self.state);
+        s.stalled.iter().map(|(_, c)| (c.sq_id, c.cid)).collect()
+    }
+
+    /// Posts the completions of the stalled commands, late, and stalls nothing more.
+    pub fn release_stalled(&self) {
+        let mut s = lock(&self.state);
+        s.stall_opcode = None;
+        s.stall_countdown = None;
+        while let Some((cqid, cqe)) = s.stalled.pop() {
+            s.unhold(cqid);
+            s.post(cqid, cqe);
         }
     }
 
@@ -294,6 +339,48 @@ impl FakeHandle {
 }
 
 impl State {
+    fn unhold(&mut self, cqid: u16) {
+        if let Some(cq) = self.cqs[usize::from(cqid)].as_mut() {
+            cq.held -= 1;
+        }
+    }
+
+    /// Whether the I/O command `sqe` is to be stalled.
+    fn stalls(&mut self, sqe: &Sqe) -> bool {
+        let nth = match self.stall_countdown {
+            Some(0) => {
+                self.stall_countdown = None;
+                true
+            }
+            Some(n) => {
+                self.stall_countdown = Some(n - 1);
+                false
+            }
+            None => false,
+        };
+        nth || self.stall_opcode == Some(sqe.opcode())
+    }
+
+    /// Abort (admin 08h): a stalled command it names completes with "abort requested".
+    fn abort(&mut self, sqe: &Sqe) -> (u16, u32) {
+        let (sqid, cid) = (sqe.cdw10 as u16, (sqe.cdw10 >> 16) as u16);
+        self.stats.aborts.push((sqid, cid));
+        let found = self
+            .stalled
+            .iter()
+            .position(|(_, c)| c.sq_id == sqid && c.cid == cid);
+        match found {
+            Some(i) if !self.ignore_aborts => {
+                let (cqid, mut cqe) = self.stalled.swap_remove(i);
+                cqe.status = Status::field(0, 0x07, false) << 1;
+                self.unhold(cqid);
+                self.post(cqid, cqe);
+                (0, 0)
+            }
+            _ => (0, 1),
+        }
+    }
+
     fn page_size(&self) -> usize {
         1 << (12 + (self.cc >> 7 & 0xF))
     }
@@ -370,6 +457,7 @@ impl State {
                 None,
             ];
             self.held.clear();
+            self.stalled.clear();
             if !self.cfg.never_ready {
                 self.csts |= csts::RDY;
             }
@@ -379,6 +467,7 @@ impl State {
             self.sqs = [None; 2];
             self.cqs = [None; 2];
             self.held.clear();
+            self.stalled.clear();
             self.csts &= !(csts::RDY | csts::SHST_MASK);
         }
         if value & cc::SHN_MASK != 0 && was & cc::SHN_MASK == 0 {
@@ -459,11 +548,16 @@ impl State {
                 status: status << 1,
             };
             let cqid = sq.cqid;
-            if self.hold && qid != 0 {
+            let stall = qid != 0 && self.stalls(&sqe);
+            if stall || (self.hold && qid != 0) {
                 if let Some(c) = self.cqs[usize::from(cqid)].as_mut() {
                     c.held += 1;
                 }
-                self.held.push((cqid, cqe));
+                if stall {
+                    self.stalled.push((cqid, cqe));
+                } else {
+                    self.held.push((cqid, cqe));
+                }
             } else {
                 self.post(cqid, cqe);
             }
@@ -575,6 +669,7 @@ impl State {
                 });
                 ok
             }
+            admin::ABORT => self.abort(sqe),
             admin::DELETE_IO_SQ => {
                 self.sqs[1] = None;
                 ok

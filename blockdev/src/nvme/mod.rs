@@ -22,6 +22,7 @@ pub mod smart;
 pub mod status;
 pub mod sys;
 pub mod sysfs;
+pub mod timeout;
 pub mod vfio;
 
 pub use device::{NvmeDetails, NvmeDevice, NvmeOptions};
