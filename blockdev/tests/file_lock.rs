@@ -1,17 +1,13 @@
 //! Who may open a file device at once: one writer (an exclusive lock), and any number of readers
 //! that open it read-only and are refused every write and flush.
 
+mod file_support;
+
 use blockdev::file::{FileDevice, FileOptions};
 use blockdev::{DeviceError, Op, SyncIo};
+use file_support::scratch;
 
 const SIZE: u64 = 1 << 20;
-
-fn scratch() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("file-lock-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("scratch dir")
-}
 
 fn read_only() -> FileOptions {
     FileOptions {
