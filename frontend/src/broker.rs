@@ -110,6 +110,9 @@ pub struct Broker {
     pub(crate) cfg: Config,
     topics: Mutex<Topics>,
     create_lock: tokio::sync::Mutex<()>,
+    /// One producer snapshot queued at a time, so that the log holds them in the order they
+    /// were taken and the parts of two never interleave.
+    snapshot_lock: tokio::sync::Mutex<()>,
     durable: watch::Receiver<u64>,
     /// Appends queued or in flight in the log: kept below the log's queue capacity, so that a
     /// queueing append never blocks a runtime thread.
@@ -243,6 +246,7 @@ impl Broker {
             cfg,
             topics: Mutex::new(topics),
             create_lock: tokio::sync::Mutex::new(()),
+            snapshot_lock: tokio::sync::Mutex::new(()),
             durable: rx,
             append_permits: Arc::new(Semaphore::new(append_capacity as usize)),
             read_permits: Arc::new(Semaphore::new((permits / 8).max(1))),
@@ -264,6 +268,11 @@ impl Broker {
 
     pub fn log(&self) -> &Arc<Log> {
         &self.log
+    }
+
+    /// The log partition of `__nvmq_meta`.
+    pub fn meta_partition(&self) -> u32 {
+        self.meta_partition
     }
 
     /// How start-up rebuilt the idempotent producers' state.
@@ -476,6 +485,7 @@ impl Broker {
         &self,
         changed_only: bool,
     ) -> Result<(usize, Vec<AppendWait>), LogError> {
+        let _in_order = self.snapshot_lock.lock().await;
         let ids: Vec<u32> = self.topics().map.values().flatten().copied().collect();
         let now = producers_mod::now_ms();
         let mut waits = Vec::new();
