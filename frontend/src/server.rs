@@ -58,7 +58,7 @@ pub async fn serve(
                 every.tick().await;
                 ticks += 1;
                 b.groups.tick(std::time::Instant::now());
-                if ticks % EXPIRE_EVERY_TICKS == 0 {
+                if ticks.is_multiple_of(EXPIRE_EVERY_TICKS) {
                     let n = b.producers().expire(crate::producers::now_ms());
                     if n > 0 {
                         tracing::info!(producers = n, "idle producer ids expired");
