@@ -56,8 +56,12 @@ impl State {
         }
     }
 
+    /// A batch is in flight until its landing is known, unless nobody can tell it any more (the
+    /// request that checked it was dropped before queueing it).
     fn in_flight(&self) -> bool {
-        self.batches.iter().any(|b| b.landing.borrow().is_none())
+        self.batches
+            .iter()
+            .any(|b| b.landing.borrow().is_none() && b.landing.has_changed().is_ok())
     }
 }
 
@@ -641,5 +645,9 @@ mod snapshot_tests {
             panic!()
         };
         assert_eq!(r.expire(later + 3_600_000), 0);
+        // ...unless the request that took it was dropped before queueing it.
+        let s = Producers::new(Duration::from_secs(60));
+        drop(s.check_at(0, &info(1, 0, 0, 1), 1_000));
+        assert_eq!(s.expire(later), 1);
     }
 }
