@@ -177,13 +177,7 @@ impl Broker {
                 *e = (*e).max(generation);
             }
             MetaRecord::Commits { .. } => {}
-            MetaRecord::ProducerState {
-                partition,
-                through,
-                part,
-                parts,
-                producers,
-            } => snapshots.add(partition, through, part, parts, producers),
+            MetaRecord::ProducerState(part) => snapshots.add(part),
         })?;
         let offsets = Arc::new(Offsets::default());
         scan_meta(&log, offsets_partition, OFFSETS_TOPIC, |rec| match rec {

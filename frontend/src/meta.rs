@@ -35,6 +35,18 @@ pub struct ProducerSnap {
     pub batches: Vec<StoredBatch>,
 }
 
+/// Part `part` of `parts` of a snapshot of the idempotent producers of data partition
+/// `partition`: their state as a replay of the partition's records below `through` builds it
+/// (see `producer_snapshots`). The parts of one snapshot are consecutive records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerStatePart {
+    pub partition: u32,
+    pub through: u64,
+    pub part: u32,
+    pub parts: u32,
+    pub producers: Vec<ProducerSnap>,
+}
+
 /// Most batches one producer's snapshot may hold (Kafka's window of 5).
 pub const MAX_SNAP_BATCHES: usize = 5;
 
@@ -55,16 +67,8 @@ pub enum MetaRecord {
     Generation { group: String, generation: i32 },
     /// Offsets a group committed in one request.
     Commits { group: String, commits: Vec<Commit> },
-    /// Part `part` of `parts` of a snapshot of the idempotent producers of data partition
-    /// `partition`: their state as a replay of the partition's records below `through` builds it
-    /// (see `producer_snapshots`). The parts of one snapshot are consecutive records.
-    ProducerState {
-        partition: u32,
-        through: u64,
-        part: u32,
-        parts: u32,
-        producers: Vec<ProducerSnap>,
-    },
+    /// Part of a snapshot of a data partition's idempotent producers.
+    ProducerState(ProducerStatePart),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -123,13 +127,13 @@ impl MetaRecord {
                     }
                 }
             }
-            MetaRecord::ProducerState {
+            MetaRecord::ProducerState(ProducerStatePart {
                 partition,
                 through,
                 part,
                 parts,
                 producers,
-            } => {
+            }) => {
                 out.push(TAG_PRODUCER_STATE);
                 out.extend(partition.to_be_bytes());
                 out.extend(through.to_be_bytes());
@@ -167,11 +171,7 @@ impl MetaRecord {
             },
             TAG_COMMITS => {
                 let group = c.str()?;
-                let n = c.i32()? as u32 as usize;
-                // Each commit takes at least 19 bytes: a count beyond the record is corrupt.
-                if n > b.len() / 19 {
-                    return Err(format!("{n} commits cannot fit {} bytes", b.len()));
-                }
+                let n = c.count(19, "commits")?;
                 let mut commits = Vec::with_capacity(n);
                 for _ in 0..n {
                     let topic = c.str()?;
@@ -200,11 +200,7 @@ impl MetaRecord {
                 if part >= parts {
                     return Err(format!("producer state part {part} of {parts}"));
                 }
-                let n = c.i32()? as u32 as usize;
-                // Each producer takes at least 19 bytes: a count beyond the record is corrupt.
-                if n > b.len() / 19 {
-                    return Err(format!("{n} producers cannot fit {} bytes", b.len()));
-                }
+                let n = c.count(19, "producers")?;
                 let mut producers = Vec::with_capacity(n);
                 for _ in 0..n {
                     let id = c.i64()?;
@@ -239,13 +235,13 @@ impl MetaRecord {
                         batches,
                     });
                 }
-                MetaRecord::ProducerState {
+                MetaRecord::ProducerState(ProducerStatePart {
                     partition,
                     through,
                     part,
                     parts,
                     producers,
-                }
+                })
             }
             t => return Err(format!("unknown record tag {t}")),
         };
@@ -274,6 +270,15 @@ impl Cursor<'_> {
     }
     fn u8(&mut self) -> Result<u8, String> {
         Ok(self.take(1)?[0])
+    }
+    /// A count of items that take at least `min_len` bytes each: one beyond the record is
+    /// corrupt (and must not size an allocation).
+    fn count(&mut self, min_len: usize, what: &str) -> Result<usize, String> {
+        let n = self.i32()? as u32 as usize;
+        if n > self.b.len() / min_len {
+            return Err(format!("{n} {what} cannot fit {} bytes", self.b.len()));
+        }
+        Ok(n)
     }
     fn i16(&mut self) -> Result<i16, String> {
         let s = self.take(2)?;
@@ -332,7 +337,7 @@ mod tests {
                     },
                 ],
             },
-            MetaRecord::ProducerState {
+            MetaRecord::ProducerState(ProducerStatePart {
                 partition: 3,
                 through: 100,
                 part: 1,
@@ -362,7 +367,7 @@ mod tests {
                         batches: vec![],
                     },
                 ],
-            },
+            }),
         ];
         for r in recs {
             let e = r.encode();
@@ -372,17 +377,19 @@ mod tests {
         assert!(MetaRecord::decode(&[9]).is_err());
         // A batch at or past the snapshot's `through`, more than five batches, a part past the
         // count: each refused.
-        let snap = |batches: Vec<StoredBatch>, part: u32| MetaRecord::ProducerState {
-            partition: 0,
-            through: 10,
-            part,
-            parts: 1,
-            producers: vec![ProducerSnap {
-                id: 1,
-                epoch: 0,
-                last_seen_ms: 0,
-                batches,
-            }],
+        let snap = |batches: Vec<StoredBatch>, part: u32| {
+            MetaRecord::ProducerState(ProducerStatePart {
+                partition: 0,
+                through: 10,
+                part,
+                parts: 1,
+                producers: vec![ProducerSnap {
+                    id: 1,
+                    epoch: 0,
+                    last_seen_ms: 0,
+                    batches,
+                }],
+            })
         };
         let at = |offset| StoredBatch {
             first_seq: 0,

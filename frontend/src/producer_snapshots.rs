@@ -49,7 +49,9 @@
 
 use std::collections::HashMap;
 
-use crate::meta::{MetaRecord, ProducerSnap, PRODUCER_SNAP_MAX_LEN, PRODUCER_STATE_HEADER_LEN};
+use crate::meta::{
+    MetaRecord, ProducerSnap, ProducerStatePart, PRODUCER_SNAP_MAX_LEN, PRODUCER_STATE_HEADER_LEN,
+};
 use crate::producers::PartitionSnap;
 
 /// Log bytes written between snapshots of the partitions whose producers changed (besides the
@@ -74,12 +76,14 @@ pub fn records(partition: u32, snap: PartitionSnap, max_payload: usize) -> Vec<M
     chunks
         .into_iter()
         .enumerate()
-        .map(|(i, producers)| MetaRecord::ProducerState {
-            partition,
-            through: snap.through,
-            part: i as u32,
-            parts,
-            producers,
+        .map(|(i, producers)| {
+            MetaRecord::ProducerState(ProducerStatePart {
+                partition,
+                through: snap.through,
+                part: i as u32,
+                parts,
+                producers,
+            })
         })
         .collect()
 }
@@ -100,14 +104,14 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    pub fn add(
-        &mut self,
-        partition: u32,
-        through: u64,
-        part: u32,
-        parts: u32,
-        producers: Vec<ProducerSnap>,
-    ) {
+    pub fn add(&mut self, rec: ProducerStatePart) {
+        let ProducerStatePart {
+            partition,
+            through,
+            part,
+            parts,
+            producers,
+        } = rec;
         if part == 0 {
             self.pending.insert(
                 partition,
@@ -168,15 +172,8 @@ mod tests {
 
     fn feed(a: &mut Assembler, recs: &[MetaRecord]) {
         for r in recs {
-            if let MetaRecord::ProducerState {
-                partition,
-                through,
-                part,
-                parts,
-                producers,
-            } = r.clone()
-            {
-                a.add(partition, through, part, parts, producers);
+            if let MetaRecord::ProducerState(part) = r.clone() {
+                a.add(part);
             }
         }
     }

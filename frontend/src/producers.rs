@@ -143,13 +143,17 @@ fn next_seq(s: i32) -> i32 {
 
 /// The replay rule, shared by start-up and acknowledgements: a batch of another epoch starts the
 /// producer's history over; the newest `REMEMBERED` batches are kept.
-fn push_stored(acked: &mut Option<(i16, VecDeque<StoredBatch>)>, epoch: i16, b: StoredBatch) {
-    let (e, batches) = acked.get_or_insert_with(|| (epoch, VecDeque::new()));
-    if *e != epoch {
-        *e = epoch;
+fn push_stored(acked: &mut Option<(i16, VecDeque<StoredBatch>)>, key: &BatchKey, offset: u64) {
+    let (e, batches) = acked.get_or_insert_with(|| (key.epoch, VecDeque::new()));
+    if *e != key.epoch {
+        *e = key.epoch;
         batches.clear();
     }
-    batches.push_back(b);
+    batches.push_back(StoredBatch {
+        first_seq: key.first_seq,
+        last_seq: key.last_seq,
+        offset,
+    });
     while batches.len() > REMEMBERED {
         batches.pop_front();
     }
@@ -224,15 +228,7 @@ impl Producers {
             st.batches.clear();
         }
         remember(st, info, resolved(offset));
-        push_stored(
-            &mut st.acked,
-            key.epoch,
-            StoredBatch {
-                first_seq: key.first_seq,
-                last_seq: key.last_seq,
-                offset,
-            },
-        );
+        push_stored(&mut st.acked, &key, offset);
     }
 
     /// Decides on a produced batch. Called in request order; the batch is remembered at once (in
@@ -367,15 +363,7 @@ impl Producers {
             return;
         };
         if let Some(st) = part.producers.get_mut(&key.producer_id) {
-            push_stored(
-                &mut st.acked,
-                key.epoch,
-                StoredBatch {
-                    first_seq: key.first_seq,
-                    last_seq: key.last_seq,
-                    offset,
-                },
-            );
+            push_stored(&mut st.acked, &key, offset);
         }
     }
 

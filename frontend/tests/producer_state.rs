@@ -9,7 +9,7 @@ use std::time::Duration;
 use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice, SimHandle};
 use bytes::Bytes;
 use frontend::client::{record_batch, Client};
-use frontend::meta::{MetaRecord, ProducerSnap, StoredBatch};
+use frontend::meta::{MetaRecord, ProducerSnap, ProducerStatePart, StoredBatch};
 use frontend::producers::{PartitionSnap, Producers};
 use frontend::{Broker, Config, Startup};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
@@ -254,7 +254,7 @@ async fn a_log_without_snapshots_and_a_snapshot_past_the_end_are_replayed_in_ful
             .expect("append");
     }
     // A snapshot whose `through` lies past the partition's end (as only damage could leave it).
-    let bogus = MetaRecord::ProducerState {
+    let bogus = MetaRecord::ProducerState(ProducerStatePart {
         partition: parts[1],
         through: 1000,
         part: 0,
@@ -269,7 +269,7 @@ async fn a_log_without_snapshots_and_a_snapshot_past_the_end_are_replayed_in_ful
                 offset: 500,
             }],
         }],
-    };
+    });
     b.log()
         .append_wait(b.meta_partition(), bogus.encode())
         .expect("append");
