@@ -1,6 +1,6 @@
 #!/bin/bash
-# startup.sh fill <bin> <img> <term|kill>   : create + fill ~1 GiB from an idempotent producer, stop
-# startup.sh time <bin> <img> <n>           : n times: copy img, start, time until serving, SIGKILL
+# serve_startup.sh fill <bin> <img> <term|kill>   : create + fill ~1 GiB from an idempotent producer, stop
+# serve_startup.sh time <bin> <img> <n>           : n times: copy img, start, time until serving, SIGKILL
 set -u
 D=$(dirname "$0")
 PY=${PY:-target/tmp/kafka-clients-venv/bin/python}
