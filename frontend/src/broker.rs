@@ -12,7 +12,8 @@ use tokio::sync::{oneshot, watch, Semaphore};
 use crate::groups::Groups;
 use crate::meta::{MetaRecord, META_TOPIC, OFFSETS_TOPIC};
 use crate::offsets::Offsets;
-use crate::producers::Producers;
+use crate::producer_snapshots::{self, Assembler};
+use crate::producers::{self as producers_mod, Producers};
 use crate::FrontendError;
 
 /// How the broker presents itself and what it allows.
@@ -32,6 +33,9 @@ pub struct Config {
     /// A connection with nothing in flight that sends nothing for this long is closed (Kafka's
     /// connections.max.idle.ms); it also bounds a client that stops halfway through a frame.
     pub idle_timeout: std::time::Duration,
+    /// An idempotent producer not seen for this long is forgotten (Kafka's
+    /// producer.id.expiration.ms); a later batch of it is taken as from a new producer.
+    pub producer_id_expiration: Duration,
 }
 
 impl Default for Config {
@@ -44,6 +48,7 @@ impl Default for Config {
             max_frame: 64 << 20,
             max_in_flight_per_connection: 1024,
             idle_timeout: Duration::from_secs(600),
+            producer_id_expiration: crate::producers::DEFAULT_EXPIRATION,
         }
     }
 }
@@ -87,11 +92,27 @@ impl Topics {
     }
 }
 
+/// How the idempotent producers' state was rebuilt at start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Startup {
+    /// Data partitions restored from a snapshot (then replayed from its `through`).
+    pub partitions_from_snapshot: usize,
+    /// Data partitions replayed from their first retained record (no usable snapshot).
+    pub partitions_replayed_in_full: usize,
+    /// Log records of data partitions read to rebuild the state.
+    pub records_replayed: u64,
+    /// Producers left out because they expired.
+    pub producers_expired: usize,
+}
+
 pub struct Broker {
     pub(crate) log: Arc<Log>,
     pub(crate) cfg: Config,
     topics: Mutex<Topics>,
     create_lock: tokio::sync::Mutex<()>,
+    /// One producer snapshot queued at a time, so that the log holds them in the order they
+    /// were taken and the parts of two never interleave.
+    snapshot_lock: tokio::sync::Mutex<()>,
     durable: watch::Receiver<u64>,
     /// Appends queued or in flight in the log: kept below the log's queue capacity, so that a
     /// queueing append never blocks a runtime thread.
@@ -102,7 +123,10 @@ pub struct Broker {
     pub(crate) offsets_partition: u32,
     pub(crate) groups: Groups,
     pub(crate) offsets: Arc<Offsets>,
-    pub(crate) producers: Producers,
+    pub(crate) producers: Arc<Producers>,
+    startup: Startup,
+    /// Appends the frontend may have in flight (`append_permits` when none is).
+    append_capacity: u32,
     next_producer_id: Mutex<i64>,
     stop: Arc<AtomicBool>,
 }
@@ -138,6 +162,7 @@ impl Broker {
         let mut incarnation: HashMap<String, u32> = HashMap::new();
         let mut next_pid = 0i64;
         let mut generations: HashMap<String, i32> = HashMap::new();
+        let mut snapshots = Assembler::default();
         scan_meta(&log, meta_partition, META_TOPIC, |rec| match rec {
             MetaRecord::DeleteTopic {
                 name,
@@ -152,6 +177,7 @@ impl Broker {
                 *e = (*e).max(generation);
             }
             MetaRecord::Commits { .. } => {}
+            MetaRecord::ProducerState(part) => snapshots.add(part),
         })?;
         let offsets = Arc::new(Offsets::default());
         scan_meta(&log, offsets_partition, OFFSETS_TOPIC, |rec| match rec {
@@ -192,17 +218,8 @@ impl Broker {
             }
         }
 
-        let producers = Producers::default();
-        for ids in topics.map.values() {
-            for &id in ids {
-                scan(&log, id, |r| {
-                    if let Ok(info) = crate::batch::header(&r.payload) {
-                        producers.replay(id, &info, r.offset);
-                    }
-                    Ok(())
-                })?;
-            }
-        }
+        let producers = Arc::new(Producers::new(cfg.producer_id_expiration));
+        let startup = rebuild_producers(&log, &topics, snapshots, &producers)?;
 
         let (tx, rx) = watch::channel(0u64);
         let stop = Arc::new(AtomicBool::new(false));
@@ -217,19 +234,23 @@ impl Broker {
             }
         }
         let permits = queue_capacity.max(4);
+        let append_capacity = u32::try_from(permits * 3 / 4).unwrap_or(u32::MAX);
         Ok(Arc::new(Broker {
             log,
             cfg,
             topics: Mutex::new(topics),
             create_lock: tokio::sync::Mutex::new(()),
+            snapshot_lock: tokio::sync::Mutex::new(()),
             durable: rx,
-            append_permits: Arc::new(Semaphore::new(permits * 3 / 4)),
+            append_permits: Arc::new(Semaphore::new(append_capacity as usize)),
             read_permits: Arc::new(Semaphore::new((permits / 8).max(1))),
             meta_partition,
             offsets_partition,
             groups: Groups::new(generations),
             offsets,
             producers,
+            startup,
+            append_capacity,
             next_producer_id: Mutex::new(next_pid),
             stop,
         }))
@@ -241,6 +262,28 @@ impl Broker {
 
     pub fn log(&self) -> &Arc<Log> {
         &self.log
+    }
+
+    /// The log partition of `__nvmq_meta`.
+    pub fn meta_partition(&self) -> u32 {
+        self.meta_partition
+    }
+
+    /// How start-up rebuilt the idempotent producers' state.
+    pub fn startup(&self) -> Startup {
+        self.startup
+    }
+
+    /// The idempotent producers' state.
+    pub fn producers(&self) -> &Arc<Producers> {
+        &self.producers
+    }
+
+    /// Waits (up to `limit`) until no append the frontend queued is still unacknowledged;
+    /// false if some still were at the limit.
+    pub async fn quiesce(&self, limit: Duration) -> bool {
+        let all = self.append_permits.acquire_many(self.append_capacity);
+        matches!(tokio::time::timeout(limit, all).await, Ok(Ok(_)))
     }
 
     /// Committed offsets as the broker serves them.
@@ -419,10 +462,45 @@ impl Broker {
         Ok(id)
     }
 
+    /// Records a snapshot of the idempotent producers of every data partition (`changed_only`:
+    /// of those whose acknowledged end moved since their last one) and waits until it is
+    /// durable. Returns how many partitions were snapshotted.
+    pub async fn snapshot_producers(&self, changed_only: bool) -> Result<usize, LogError> {
+        let waits = self.queue_producer_snapshots(changed_only).await?;
+        let n = waits.0;
+        for w in waits.1 {
+            w.await.map_err(|_| LogError::Shutdown)??;
+        }
+        Ok(n)
+    }
+
+    /// Queues the records of `snapshot_producers`; (partitions, their appends).
+    async fn queue_producer_snapshots(
+        &self,
+        changed_only: bool,
+    ) -> Result<(usize, Vec<AppendWait>), LogError> {
+        let _in_order = self.snapshot_lock.lock().await;
+        let ids: Vec<u32> = self.topics().map.values().flatten().copied().collect();
+        let now = producers_mod::now_ms();
+        let mut waits = Vec::new();
+        let mut n = 0;
+        for id in ids {
+            let Some(snap) = self.producers.snapshot(id, now, changed_only) else {
+                continue;
+            };
+            n += 1;
+            for r in producer_snapshots::records(id, snap, self.log.max_payload()) {
+                waits.push(self.append(self.meta_partition, r.encode(), 1).await?);
+            }
+        }
+        Ok((n, waits))
+    }
+
     /// Re-records the state replayed from the internal partitions (tombstones, the producer-id
-    /// high mark, group generations, every committed offset) at the tail of the log. The log
-    /// frees its oldest data when the ring is full; taking a snapshot every quarter ring keeps
-    /// the newest one of each inside what is retained. Replaying it again changes nothing.
+    /// high mark, group generations, every committed offset, every data partition's producer
+    /// state) at the tail of the log. The log frees its oldest data when the ring is full;
+    /// taking a snapshot every quarter ring keeps the newest one of each inside what is
+    /// retained. Replaying it again changes nothing.
     pub async fn snapshot(&self) -> Result<(), LogError> {
         let mut meta: Vec<MetaRecord> = self
             .topics()
@@ -468,6 +546,7 @@ impl Broker {
                 waits.push(self.append(self.offsets_partition, rec.encode(), 1).await?);
             }
         }
+        waits.extend(self.queue_producer_snapshots(false).await?.1);
         for w in waits {
             w.await.map_err(|_| LogError::Shutdown)??;
         }
@@ -477,12 +556,7 @@ impl Broker {
     /// (start offset, durable end) of a partition.
     pub fn bounds(&self, partition: u32) -> Option<(u64, u64)> {
         // Straight from the shared state: `Log::partition` copies the partition's whole index.
-        self.log
-            .shared()
-            .lock()
-            .partitions
-            .get(&partition)
-            .map(|v| (v.start_offset, v.durable_end))
+        log_bounds(&self.log, partition)
     }
 }
 
@@ -492,22 +566,92 @@ impl Drop for Broker {
     }
 }
 
-/// Reads every durable record of a partition, in order (startup replay).
-fn scan(
-    log: &Log,
-    partition: u32,
-    mut f: impl FnMut(&Record) -> Result<(), FrontendError>,
-) -> Result<(), FrontendError> {
-    let Some((start, end)) = log
-        .shared()
+type AppendWait = oneshot::Receiver<Result<Appended, LogError>>;
+
+/// (first retained offset, durable end) of a log partition.
+fn log_bounds(log: &Log, partition: u32) -> Option<(u64, u64)> {
+    log.shared()
         .lock()
         .partitions
         .get(&partition)
         .map(|v| (v.start_offset, v.durable_end))
-    else {
+}
+
+/// Start-up: the idempotent producers' state of every data partition, from its newest usable
+/// snapshot and the records after it (see `producer_snapshots` for why that is sound).
+fn rebuild_producers(
+    log: &Log,
+    topics: &Topics,
+    snapshots: Assembler,
+    producers: &Producers,
+) -> Result<Startup, FrontendError> {
+    let mut snapshots = snapshots.finish();
+    let now = producers_mod::now_ms();
+    let mut st = Startup::default();
+    for (id, _, _, _, end) in log.partitions() {
+        producers.set_end(id, end);
+    }
+    for &id in topics.map.values().flatten() {
+        let Some((start, end)) = log_bounds(log, id) else {
+            continue;
+        };
+        let from = match snapshots.remove(&id) {
+            Some(s) if start <= s.through && s.through <= end => {
+                st.producers_expired += producers.restore(id, s.producers, now);
+                st.partitions_from_snapshot += 1;
+                s.through
+            }
+            Some(s) => {
+                if s.through > end {
+                    tracing::warn!(
+                        partition = id,
+                        through = s.through,
+                        end,
+                        "producer snapshot lies past the partition's end; replaying it in full"
+                    );
+                }
+                st.partitions_replayed_in_full += 1;
+                start
+            }
+            None => {
+                st.partitions_replayed_in_full += 1;
+                start
+            }
+        };
+        scan_from(log, id, from, |r| {
+            st.records_replayed += 1;
+            if let Ok(info) = crate::batch::header(&r.payload) {
+                producers.replay(id, &info, r.offset, now);
+            }
+            Ok(())
+        })?;
+    }
+    Ok(st)
+}
+
+/// Reads every durable record of a partition, in order (startup replay).
+fn scan(
+    log: &Log,
+    partition: u32,
+    f: impl FnMut(&Record) -> Result<(), FrontendError>,
+) -> Result<(), FrontendError> {
+    match log_bounds(log, partition) {
+        Some((start, _)) => scan_from(log, partition, start, f),
+        None => Ok(()),
+    }
+}
+
+/// Reads the durable records of a partition from `from` on, in order.
+fn scan_from(
+    log: &Log,
+    partition: u32,
+    from: u64,
+    mut f: impl FnMut(&Record) -> Result<(), FrontendError>,
+) -> Result<(), FrontendError> {
+    let Some((_, end)) = log_bounds(log, partition) else {
         return Ok(());
     };
-    let mut next = start;
+    let mut next = from;
     while next < end {
         let recs = match log.read(partition, next, 4 << 20) {
             Ok(r) => r,

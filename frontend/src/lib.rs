@@ -14,12 +14,13 @@ pub mod groups;
 pub mod meta;
 pub mod offsets;
 pub mod produce;
+pub mod producer_snapshots;
 pub mod producers;
 pub mod server;
 pub mod shape;
 pub mod versions;
 
-pub use broker::{Broker, Config};
+pub use broker::{Broker, Config, Startup};
 pub use server::serve;
 
 use nvmq_log::LogError;

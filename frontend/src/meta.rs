@@ -1,5 +1,6 @@
-//! nvmq's own records in its internal partitions: topic tombstones, producer ids and group
-//! generations in `__nvmq_meta`, committed offsets in `__consumer_offsets`. Replayed on start.
+//! nvmq's own records in its internal partitions: topic tombstones, producer ids, group
+//! generations and idempotent producers' state in `__nvmq_meta`, committed offsets in
+//! `__consumer_offsets`. Replayed on start.
 
 pub const META_TOPIC: &str = "__nvmq_meta";
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
@@ -14,6 +15,47 @@ pub struct Commit {
     pub metadata: Option<String>,
 }
 
+/// A batch of an idempotent producer as the log holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredBatch {
+    pub first_seq: i32,
+    pub last_seq: i32,
+    /// Its first offset in the partition.
+    pub offset: u64,
+}
+
+/// One idempotent producer's state in one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerSnap {
+    pub id: i64,
+    pub epoch: i16,
+    /// Wall-clock milliseconds when its last batch was taken (for producer-id expiry).
+    pub last_seen_ms: i64,
+    /// Its newest batches (at most `producers::REMEMBERED`), oldest first.
+    pub batches: Vec<StoredBatch>,
+}
+
+/// Part `part` of `parts` of a snapshot of the idempotent producers of data partition
+/// `partition`: their state as a replay of the partition's records below `through` builds it
+/// (see `producer_snapshots`). The parts of one snapshot are consecutive records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerStatePart {
+    pub partition: u32,
+    pub through: u64,
+    pub part: u32,
+    pub parts: u32,
+    pub producers: Vec<ProducerSnap>,
+}
+
+/// Most batches one producer's snapshot may hold (Kafka's window of 5).
+pub const MAX_SNAP_BATCHES: usize = 5;
+
+/// Encoded bytes of one producer in a `ProducerState` record at most.
+pub const PRODUCER_SNAP_MAX_LEN: usize = 8 + 2 + 8 + 1 + MAX_SNAP_BATCHES * 16;
+
+/// Encoded bytes of a `ProducerState` record without its producers.
+pub const PRODUCER_STATE_HEADER_LEN: usize = 1 + 4 + 8 + 4 + 4 + 4;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaRecord {
     /// The topic is deleted: a topic of that name created later is `incarnation` (the count of
@@ -25,6 +67,8 @@ pub enum MetaRecord {
     Generation { group: String, generation: i32 },
     /// Offsets a group committed in one request.
     Commits { group: String, commits: Vec<Commit> },
+    /// Part of a snapshot of a data partition's idempotent producers.
+    ProducerState(ProducerStatePart),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +83,7 @@ const TAG_DELETE: u8 = 1;
 const TAG_PRODUCER_ID: u8 = 2;
 const TAG_GENERATION: u8 = 3;
 const TAG_COMMITS: u8 = 4;
+const TAG_PRODUCER_STATE: u8 = 5;
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
     let b = s.as_bytes();
@@ -82,6 +127,32 @@ impl MetaRecord {
                     }
                 }
             }
+            MetaRecord::ProducerState(ProducerStatePart {
+                partition,
+                through,
+                part,
+                parts,
+                producers,
+            }) => {
+                out.push(TAG_PRODUCER_STATE);
+                out.extend(partition.to_be_bytes());
+                out.extend(through.to_be_bytes());
+                out.extend(part.to_be_bytes());
+                out.extend(parts.to_be_bytes());
+                out.extend((producers.len() as u32).to_be_bytes());
+                for p in producers {
+                    out.extend(p.id.to_be_bytes());
+                    out.extend(p.epoch.to_be_bytes());
+                    out.extend(p.last_seen_ms.to_be_bytes());
+                    let n = p.batches.len().min(MAX_SNAP_BATCHES);
+                    out.push(n as u8);
+                    for b in &p.batches[p.batches.len() - n..] {
+                        out.extend(b.first_seq.to_be_bytes());
+                        out.extend(b.last_seq.to_be_bytes());
+                        out.extend(b.offset.to_be_bytes());
+                    }
+                }
+            }
         }
         out
     }
@@ -100,11 +171,7 @@ impl MetaRecord {
             },
             TAG_COMMITS => {
                 let group = c.str()?;
-                let n = c.i32()? as u32 as usize;
-                // Each commit takes at least 19 bytes: a count beyond the record is corrupt.
-                if n > b.len() / 19 {
-                    return Err(format!("{n} commits cannot fit {} bytes", b.len()));
-                }
+                let n = c.count(19, "commits")?;
                 let mut commits = Vec::with_capacity(n);
                 for _ in 0..n {
                     let topic = c.str()?;
@@ -124,6 +191,57 @@ impl MetaRecord {
                     });
                 }
                 MetaRecord::Commits { group, commits }
+            }
+            TAG_PRODUCER_STATE => {
+                let partition = c.i32()? as u32;
+                let through = c.i64()? as u64;
+                let part = c.i32()? as u32;
+                let parts = c.i32()? as u32;
+                if part >= parts {
+                    return Err(format!("producer state part {part} of {parts}"));
+                }
+                let n = c.count(19, "producers")?;
+                let mut producers = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let id = c.i64()?;
+                    let epoch = c.i16()?;
+                    let last_seen_ms = c.i64()?;
+                    let nb = usize::from(c.u8()?);
+                    if nb > MAX_SNAP_BATCHES {
+                        return Err(format!(
+                            "producer {id} with {nb} batches (at most {MAX_SNAP_BATCHES})"
+                        ));
+                    }
+                    let mut batches = Vec::with_capacity(nb);
+                    for _ in 0..nb {
+                        let first_seq = c.i32()?;
+                        let last_seq = c.i32()?;
+                        let offset = c.i64()? as u64;
+                        if offset >= through {
+                            return Err(format!(
+                                "producer {id} batch at offset {offset}, not below the snapshot's {through}"
+                            ));
+                        }
+                        batches.push(StoredBatch {
+                            first_seq,
+                            last_seq,
+                            offset,
+                        });
+                    }
+                    producers.push(ProducerSnap {
+                        id,
+                        epoch,
+                        last_seen_ms,
+                        batches,
+                    });
+                }
+                MetaRecord::ProducerState(ProducerStatePart {
+                    partition,
+                    through,
+                    part,
+                    parts,
+                    producers,
+                })
             }
             t => return Err(format!("unknown record tag {t}")),
         };
@@ -152,6 +270,19 @@ impl Cursor<'_> {
     }
     fn u8(&mut self) -> Result<u8, String> {
         Ok(self.take(1)?[0])
+    }
+    /// A count of items that take at least `min_len` bytes each: one beyond the record is
+    /// corrupt (and must not size an allocation).
+    fn count(&mut self, min_len: usize, what: &str) -> Result<usize, String> {
+        let n = self.i32()? as u32 as usize;
+        if n > self.b.len() / min_len {
+            return Err(format!("{n} {what} cannot fit {} bytes", self.b.len()));
+        }
+        Ok(n)
+    }
+    fn i16(&mut self) -> Result<i16, String> {
+        let s = self.take(2)?;
+        Ok(i16::from_be_bytes([s[0], s[1]]))
     }
     fn i32(&mut self) -> Result<i32, String> {
         let s = self.take(4)?;
@@ -206,6 +337,37 @@ mod tests {
                     },
                 ],
             },
+            MetaRecord::ProducerState(ProducerStatePart {
+                partition: 3,
+                through: 100,
+                part: 1,
+                parts: 2,
+                producers: vec![
+                    ProducerSnap {
+                        id: 7,
+                        epoch: 2,
+                        last_seen_ms: 1_700_000_000_000,
+                        batches: vec![
+                            StoredBatch {
+                                first_seq: 0,
+                                last_seq: 4,
+                                offset: 10,
+                            },
+                            StoredBatch {
+                                first_seq: 5,
+                                last_seq: 5,
+                                offset: 99,
+                            },
+                        ],
+                    },
+                    ProducerSnap {
+                        id: 8,
+                        epoch: 0,
+                        last_seen_ms: 0,
+                        batches: vec![],
+                    },
+                ],
+            }),
         ];
         for r in recs {
             let e = r.encode();
@@ -213,6 +375,36 @@ mod tests {
             assert!(MetaRecord::decode(&e[..e.len() - 1]).is_err());
         }
         assert!(MetaRecord::decode(&[9]).is_err());
+        // A batch at or past the snapshot's `through`, more than five batches, a part past the
+        // count: each refused.
+        let snap = |batches: Vec<StoredBatch>, part: u32| {
+            MetaRecord::ProducerState(ProducerStatePart {
+                partition: 0,
+                through: 10,
+                part,
+                parts: 1,
+                producers: vec![ProducerSnap {
+                    id: 1,
+                    epoch: 0,
+                    last_seen_ms: 0,
+                    batches,
+                }],
+            })
+        };
+        let at = |offset| StoredBatch {
+            first_seq: 0,
+            last_seq: 0,
+            offset,
+        };
+        assert!(MetaRecord::decode(&snap(vec![at(9)], 0).encode()).is_ok());
+        assert!(MetaRecord::decode(&snap(vec![at(10)], 0).encode()).is_err());
+        assert!(MetaRecord::decode(&snap(vec![at(1)], 1).encode()).is_err());
+        let mut six = snap(vec![at(1)], 0).encode();
+        let n_at = PRODUCER_STATE_HEADER_LEN + 18;
+        assert_eq!(six[n_at], 1);
+        six[n_at] = 6;
+        six.extend([0u8; 80]);
+        assert!(MetaRecord::decode(&six).is_err());
         assert!(MetaRecord::decode(&[4, 0, 1, b'g', 0xff, 0xff, 0xff, 0xff]).is_err());
     }
 }

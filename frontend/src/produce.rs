@@ -14,7 +14,7 @@ use crate::batch;
 use crate::broker::Broker;
 use crate::codes;
 use crate::conn::{Ctx, Outcome, Reply};
-use crate::producers::{Landing, Verdict};
+use crate::producers::{BatchKey, Landing, Verdict};
 
 enum Wait {
     Stored(oneshot::Receiver<Result<Appended, LogError>>),
@@ -143,12 +143,15 @@ async fn start_partition(
             Verdict::Refuse(code, what) => return Some((code, what)),
             Verdict::Duplicate(l) => waits.push(Wait::Duplicate(l)),
             Verdict::Store(landing) => {
+                // Every append to a data partition reports its acknowledgement (in log order):
+                // the producer snapshots rely on seeing all of them.
+                let producers = b.producers().clone();
+                let key = BatchKey::of(&info);
+                let span = info.span();
                 let r = b
-                    .append_with(pid, bytes.to_vec(), info.span(), move |r| {
-                        if let Some(tx) = landing {
-                            let _ =
-                                tx.send(Some(r.as_ref().map(|a| a.offset as i64).map_err(|_| ())));
-                        }
+                    .append_with(pid, bytes.to_vec(), span, move |r| {
+                        let result = r.as_ref().map(|a| (a.offset, span)).map_err(|_| ());
+                        producers.acknowledged(pid, key, landing, result);
                     })
                     .await;
                 match r {

@@ -1,22 +1,34 @@
 //! Idempotent producers: per (producer id, partition), the sequence ranges of the last batches
 //! stored, so that a retry after a lost answer is answered with the original offset instead of
 //! being stored twice, and a gap is refused (Kafka's rules, KIP-98).
+//!
+//! Each producer's state is kept twice: the live view `check` decides on (it holds batches still
+//! in flight), and the acknowledged view, which is exactly what a replay of the partition's
+//! records below its acknowledged end builds. The second one is what a snapshot records
+//! (`producer_snapshots` says why that is sound).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
 use crate::batch::BatchInfo;
 use crate::broker::lock;
 use crate::codes;
+use crate::meta::{ProducerSnap, StoredBatch, MAX_SNAP_BATCHES};
 
 /// Batches remembered per producer and partition (Kafka keeps 5, as many as a producer may have
 /// in flight).
-const REMEMBERED: usize = 5;
+pub const REMEMBERED: usize = MAX_SNAP_BATCHES;
+
+/// Kafka's producer.id.expiration.ms default: one day.
+pub const DEFAULT_EXPIRATION: Duration = Duration::from_secs(24 * 3600);
 
 /// Where a remembered batch landed: known once durable (None while in flight; Err if it failed).
 pub type Landing = watch::Receiver<Option<Result<i64, ()>>>;
+/// The sending side of a `Landing`.
+pub type LandingTx = watch::Sender<Option<Result<i64, ()>>>;
 
 struct Remembered {
     first_seq: i32,
@@ -27,21 +39,98 @@ struct Remembered {
 struct State {
     epoch: i16,
     batches: VecDeque<Remembered>,
+    /// The acknowledged view: the epoch and newest batches among the producer's batches whose
+    /// append was acknowledged (None before the first one is).
+    acked: Option<(i16, VecDeque<StoredBatch>)>,
+    /// Wall-clock ms of the last batch taken (or replayed at start).
+    last_seen_ms: i64,
+}
+
+impl State {
+    fn new(epoch: i16, now_ms: i64) -> State {
+        State {
+            epoch,
+            batches: VecDeque::new(),
+            acked: None,
+            last_seen_ms: now_ms,
+        }
+    }
+
+    /// A batch is in flight until its landing is known, unless nobody can tell it any more (the
+    /// request that checked it was dropped before queueing it).
+    fn in_flight(&self) -> bool {
+        self.batches
+            .iter()
+            .any(|b| b.landing.borrow().is_none() && b.landing.has_changed().is_ok())
+    }
+}
+
+#[derive(Default)]
+struct Part {
+    producers: HashMap<i64, State>,
+    /// The end of the last append to the partition whose acknowledgement ran. Acknowledgements
+    /// run in log order, so every append below it was acknowledged, and every append not yet
+    /// acknowledged (or not yet queued) lands at or above it.
+    acked_end: u64,
+    /// `acked_end` when the partition's last snapshot was taken.
+    snapped: Option<u64>,
+}
+
+/// The identity of an idempotent batch, handed back when its append is acknowledged.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchKey {
+    producer_id: i64,
+    epoch: i16,
+    first_seq: i32,
+    last_seq: i32,
+}
+
+impl BatchKey {
+    /// None for a batch of a producer that is not idempotent.
+    pub fn of(info: &BatchInfo) -> Option<BatchKey> {
+        (info.producer_id >= 0).then(|| BatchKey {
+            producer_id: info.producer_id,
+            epoch: info.producer_epoch,
+            first_seq: info.base_sequence,
+            last_seq: info.last_sequence(),
+        })
+    }
+}
+
+/// A snapshot of one partition's producers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionSnap {
+    /// Every idempotent batch below it is reflected in `producers`; none at or above it is.
+    pub through: u64,
+    pub producers: Vec<ProducerSnap>,
 }
 
 /// What to do with a produced batch.
 pub enum Verdict {
     /// Not idempotent, or the next in sequence: store it; send where it landed to the sender.
-    Store(Option<watch::Sender<Option<Result<i64, ()>>>>),
+    Store(Option<LandingTx>),
     /// A retry of a batch already stored (or in flight): answer with where that one landed.
     Duplicate(Landing),
     /// Refuse with this error code.
     Refuse(i16, String),
 }
 
-#[derive(Default)]
 pub struct Producers {
-    states: Mutex<HashMap<(i64, u32), State>>,
+    parts: Mutex<HashMap<u32, Part>>,
+    expiration_ms: i64,
+}
+
+impl Default for Producers {
+    fn default() -> Self {
+        Producers::new(DEFAULT_EXPIRATION)
+    }
+}
+
+/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn next_seq(s: i32) -> i32 {
@@ -52,43 +141,124 @@ fn next_seq(s: i32) -> i32 {
     }
 }
 
+/// The replay rule, shared by start-up and acknowledgements: a batch of another epoch starts the
+/// producer's history over; the newest `REMEMBERED` batches are kept.
+fn push_stored(acked: &mut Option<(i16, VecDeque<StoredBatch>)>, key: &BatchKey, offset: u64) {
+    let (e, batches) = acked.get_or_insert_with(|| (key.epoch, VecDeque::new()));
+    if *e != key.epoch {
+        *e = key.epoch;
+        batches.clear();
+    }
+    batches.push_back(StoredBatch {
+        first_seq: key.first_seq,
+        last_seq: key.last_seq,
+        offset,
+    });
+    while batches.len() > REMEMBERED {
+        batches.pop_front();
+    }
+}
+
+fn resolved(offset: u64) -> Landing {
+    watch::channel(Some(Ok(offset as i64))).1
+}
+
 impl Producers {
-    /// Startup: a batch found in the log.
-    pub fn replay(&self, partition: u32, info: &BatchInfo, offset: u64) {
-        if info.producer_id < 0 {
-            return;
+    /// Producer state not seen for `expiration` is dropped (Kafka's producer.id.expiration.ms).
+    pub fn new(expiration: Duration) -> Producers {
+        Producers {
+            parts: Mutex::new(HashMap::new()),
+            expiration_ms: i64::try_from(expiration.as_millis()).unwrap_or(i64::MAX),
         }
-        let (_, rx) = watch::channel(Some(Ok(offset as i64)));
-        let mut m = lock(&self.states);
-        let st = m.entry((info.producer_id, partition)).or_insert(State {
-            epoch: info.producer_epoch,
-            batches: VecDeque::new(),
-        });
-        if info.producer_epoch != st.epoch {
-            st.epoch = info.producer_epoch;
+    }
+
+    fn expired(&self, st: &State, now_ms: i64) -> bool {
+        now_ms.saturating_sub(st.last_seen_ms) >= self.expiration_ms
+    }
+
+    /// Startup: the partition's records end at `end` (everything below it is durable).
+    pub fn set_end(&self, partition: u32, end: u64) {
+        let mut m = lock(&self.parts);
+        let part = m.entry(partition).or_default();
+        part.acked_end = part.acked_end.max(end);
+    }
+
+    /// Startup: the partition's state from a snapshot (its producers not expired at `now_ms`).
+    /// Returns how many producers were expired and left out.
+    pub fn restore(&self, partition: u32, producers: Vec<ProducerSnap>, now_ms: i64) -> usize {
+        let mut m = lock(&self.parts);
+        let part = m.entry(partition).or_default();
+        let mut expired = 0;
+        for p in producers {
+            let mut st = State::new(p.epoch, p.last_seen_ms);
+            if self.expired(&st, now_ms) {
+                expired += 1;
+                continue;
+            }
+            let mut acked = VecDeque::new();
+            for b in p.batches.iter().rev().take(REMEMBERED).rev() {
+                st.batches.push_back(Remembered {
+                    first_seq: b.first_seq,
+                    last_seq: b.last_seq,
+                    landing: resolved(b.offset),
+                });
+                acked.push_back(*b);
+            }
+            st.acked = Some((p.epoch, acked));
+            part.producers.insert(p.id, st);
+        }
+        expired
+    }
+
+    /// Startup: a batch found in the log (seen at `now_ms`, the time of the start: the log does
+    /// not say when it was appended, and a producer's own timestamps may be anything).
+    pub fn replay(&self, partition: u32, info: &BatchInfo, offset: u64, now_ms: i64) {
+        let Some(key) = BatchKey::of(info) else {
+            return;
+        };
+        let mut m = lock(&self.parts);
+        let part = m.entry(partition).or_default();
+        let st = part
+            .producers
+            .entry(key.producer_id)
+            .or_insert_with(|| State::new(key.epoch, now_ms));
+        st.last_seen_ms = now_ms;
+        if key.epoch != st.epoch {
+            st.epoch = key.epoch;
             st.batches.clear();
         }
-        remember(st, info, rx);
+        remember(st, info, resolved(offset));
+        push_stored(&mut st.acked, &key, offset);
     }
 
     /// Decides on a produced batch. Called in request order; the batch is remembered at once (in
     /// flight) so that a retry arriving before it is durable finds it.
     pub fn check(&self, partition: u32, info: &BatchInfo) -> Verdict {
+        self.check_at(partition, info, now_ms())
+    }
+
+    /// `check` at a given wall-clock time.
+    pub fn check_at(&self, partition: u32, info: &BatchInfo, now_ms: i64) -> Verdict {
         if info.producer_id < 0 {
             return Verdict::Store(None);
         }
-        let mut m = lock(&self.states);
-        let key = (info.producer_id, partition);
+        let mut m = lock(&self.parts);
+        let part = m.entry(partition).or_default();
+        if part
+            .producers
+            .get(&info.producer_id)
+            .is_some_and(|st| self.expired(st, now_ms) && !st.in_flight())
+        {
+            // An expired producer is a new one.
+            part.producers.remove(&info.producer_id);
+        }
         let (tx, rx) = watch::channel(None);
-        let Some(st) = m.get_mut(&key) else {
-            // Nothing known (a new producer, or one whose batches retention dropped): any
-            // sequence starts it.
-            let mut st = State {
-                epoch: info.producer_epoch,
-                batches: VecDeque::new(),
-            };
+        let Some(st) = part.producers.get_mut(&info.producer_id) else {
+            // Nothing known (a new producer, or one whose batches retention dropped, or one
+            // that expired): any sequence starts it.
+            let mut st = State::new(info.producer_epoch, now_ms);
             remember(&mut st, info, rx);
-            m.insert(key, st);
+            part.producers.insert(info.producer_id, st);
             return Verdict::Store(Some(tx));
         };
         if info.producer_epoch < st.epoch {
@@ -112,6 +282,7 @@ impl Producers {
             }
             st.epoch = info.producer_epoch;
             st.batches.clear();
+            st.last_seen_ms = now_ms;
             remember(st, info, rx);
             return Verdict::Store(Some(tx));
         }
@@ -120,6 +291,7 @@ impl Producers {
             .iter()
             .find(|b| b.first_seq == info.base_sequence && b.last_seq == info.last_sequence())
         {
+            st.last_seen_ms = now_ms;
             return Verdict::Duplicate(b.landing.clone());
         }
         let expected = st
@@ -127,6 +299,7 @@ impl Producers {
             .back()
             .map_or(info.base_sequence, |b| next_seq(b.last_seq));
         if info.base_sequence == expected {
+            st.last_seen_ms = now_ms;
             remember(st, info, rx);
             return Verdict::Store(Some(tx));
         }
@@ -153,8 +326,11 @@ impl Producers {
     /// A batch accepted by `check` could not be queued: forget it, so the retry is not taken for
     /// a duplicate of something never stored.
     pub fn forget(&self, partition: u32, info: &BatchInfo) {
-        let mut m = lock(&self.states);
-        if let Some(st) = m.get_mut(&(info.producer_id, partition)) {
+        let mut m = lock(&self.parts);
+        let Some(part) = m.get_mut(&partition) else {
+            return;
+        };
+        if let Some(st) = part.producers.get_mut(&info.producer_id) {
             if st
                 .batches
                 .back()
@@ -163,6 +339,89 @@ impl Producers {
                 st.batches.pop_back();
             }
         }
+    }
+
+    /// The acknowledgement of an append to a data partition (every one, idempotent or not: the
+    /// log runs them in log order). `landing` hears where an idempotent batch landed.
+    pub fn acknowledged(
+        &self,
+        partition: u32,
+        key: Option<BatchKey>,
+        landing: Option<LandingTx>,
+        result: Result<(u64, u32), ()>,
+    ) {
+        let mut m = lock(&self.parts);
+        if let Some(tx) = landing {
+            tx.send_replace(Some(result.map(|(offset, _)| offset as i64)));
+        }
+        let Ok((offset, span)) = result else {
+            return;
+        };
+        let part = m.entry(partition).or_default();
+        part.acked_end = part.acked_end.max(offset + u64::from(span));
+        let Some(key) = key else {
+            return;
+        };
+        if let Some(st) = part.producers.get_mut(&key.producer_id) {
+            push_stored(&mut st.acked, &key, offset);
+        }
+    }
+
+    /// The partition's producers as a replay of its records below its acknowledged end builds
+    /// them, less those expired at `now_ms`. `changed_only`: None when the acknowledged end has
+    /// not moved since the last snapshot.
+    pub fn snapshot(
+        &self,
+        partition: u32,
+        now_ms: i64,
+        changed_only: bool,
+    ) -> Option<PartitionSnap> {
+        let mut m = lock(&self.parts);
+        let part = m.entry(partition).or_default();
+        if changed_only && part.snapped == Some(part.acked_end) {
+            return None;
+        }
+        part.snapped = Some(part.acked_end);
+        let mut producers: Vec<ProducerSnap> = part
+            .producers
+            .iter()
+            .filter(|(_, st)| !self.expired(st, now_ms))
+            .filter_map(|(&id, st)| {
+                let (epoch, batches) = st.acked.as_ref()?;
+                Some(ProducerSnap {
+                    id,
+                    epoch: *epoch,
+                    last_seen_ms: st.last_seen_ms,
+                    batches: batches.iter().copied().collect(),
+                })
+            })
+            .collect();
+        producers.sort_by_key(|p| p.id);
+        Some(PartitionSnap {
+            through: part.acked_end,
+            producers,
+        })
+    }
+
+    /// Drops the state of producers not seen for the expiration time (none with a batch in
+    /// flight). Returns how many were dropped.
+    pub fn expire(&self, now_ms: i64) -> usize {
+        let mut m = lock(&self.parts);
+        let mut dropped = 0;
+        for part in m.values_mut() {
+            let before = part.producers.len();
+            part.producers
+                .retain(|_, st| !self.expired(st, now_ms) || st.in_flight());
+            dropped += before - part.producers.len();
+        }
+        dropped
+    }
+
+    /// Producers with state in the partition.
+    pub fn count(&self, partition: u32) -> usize {
+        lock(&self.parts)
+            .get(&partition)
+            .map_or(0, |p| p.producers.len())
     }
 }
 
@@ -238,5 +497,145 @@ mod tests {
             p.check(0, &info(1, 0, 10, 1)),
             Verdict::Refuse(codes::INVALID_PRODUCER_EPOCH, _)
         ));
+    }
+}
+
+#[cfg(test)]
+mod snapshot_tests {
+    use super::*;
+    use crate::batch;
+
+    fn info(pid: i64, epoch: i16, seq: i32, n: i32) -> BatchInfo {
+        batch::check(&batch::tests::make_batch(n, pid, epoch, seq, 1)).unwrap()
+    }
+
+    /// Checks and acknowledges a batch at `offset`, as the produce path does.
+    fn store(p: &Producers, part: u32, i: &BatchInfo, offset: u64, now: i64) {
+        let Verdict::Store(tx) = p.check_at(part, i, now) else {
+            panic!("batch {i:?} not taken")
+        };
+        p.acknowledged(part, BatchKey::of(i), tx, Ok((offset, i.span())));
+    }
+
+    fn landed(v: Verdict) -> Option<Result<i64, ()>> {
+        match v {
+            Verdict::Duplicate(l) => *l.borrow(),
+            _ => panic!("not a duplicate"),
+        }
+    }
+
+    #[test]
+    fn a_snapshot_restores_what_was_acknowledged() {
+        let p = Producers::default();
+        let now = 1_000;
+        // Producer 1: seven batches of 2 (the newest five are remembered); producer 2: one.
+        for k in 0..7 {
+            store(&p, 0, &info(1, 0, 2 * k, 2), 10 * k as u64, now);
+        }
+        store(&p, 0, &info(2, 3, 0, 1), 70, now);
+        // A batch without a producer id moves `through` too.
+        p.acknowledged(0, None, None, Ok((71, 4)));
+        let snap = p.snapshot(0, now, false).unwrap();
+        assert_eq!(snap.through, 75);
+        assert_eq!(snap.producers.len(), 2);
+        assert_eq!(snap.producers[0].batches.len(), REMEMBERED);
+        assert_eq!(snap.producers[0].batches[0].offset, 20);
+        // Unchanged since: nothing new to record.
+        assert!(p.snapshot(0, now, true).is_none());
+
+        let q = Producers::default();
+        assert_eq!(q.restore(0, snap.producers.clone(), now), 0);
+        q.set_end(0, snap.through);
+        assert_eq!(q.snapshot(0, now, false).unwrap(), snap);
+        // Retries are answered with the original offsets; the next sequence is taken.
+        assert_eq!(landed(q.check_at(0, &info(1, 0, 12, 2), now)), Some(Ok(60)));
+        assert_eq!(landed(q.check_at(0, &info(2, 3, 0, 1), now)), Some(Ok(70)));
+        assert!(matches!(
+            q.check_at(0, &info(1, 0, 0, 2), now),
+            Verdict::Refuse(codes::DUPLICATE_SEQUENCE_NUMBER, _)
+        ));
+        assert!(matches!(
+            q.check_at(0, &info(1, 0, 20, 1), now),
+            Verdict::Refuse(codes::OUT_OF_ORDER_SEQUENCE_NUMBER, _)
+        ));
+        assert!(matches!(
+            q.check_at(0, &info(1, 0, 14, 1), now),
+            Verdict::Store(Some(_))
+        ));
+    }
+
+    #[test]
+    fn batches_in_flight_stay_out_of_the_snapshot_and_below_nothing_is_missing() {
+        let p = Producers::default();
+        let now = 1_000;
+        store(&p, 0, &info(1, 0, 0, 1), 0, now);
+        store(&p, 0, &info(1, 0, 1, 1), 1, now);
+        // Checked, not yet acknowledged: offset unknown.
+        let Verdict::Store(tx) = p.check_at(0, &info(1, 0, 2, 1), now) else {
+            panic!()
+        };
+        // A new epoch's first batch in flight on another partition clears the live view there;
+        // the acknowledged view still holds the old epoch's batches.
+        store(&p, 1, &info(1, 0, 0, 1), 0, now);
+        let Verdict::Store(tx1) = p.check_at(1, &info(1, 1, 0, 1), now) else {
+            panic!()
+        };
+        let s0 = p.snapshot(0, now, false).unwrap();
+        assert_eq!(s0.through, 2);
+        assert_eq!(s0.producers[0].batches.len(), 2);
+        let s1 = p.snapshot(1, now, false).unwrap();
+        assert_eq!((s1.through, s1.producers[0].epoch), (1, 0));
+        assert_eq!(s1.producers[0].batches.len(), 1);
+
+        // Once acknowledged, the batches are in and `through` passes them.
+        p.acknowledged(0, BatchKey::of(&info(1, 0, 2, 1)), tx, Ok((2, 1)));
+        p.acknowledged(1, BatchKey::of(&info(1, 1, 0, 1)), tx1, Ok((1, 1)));
+        let s0 = p.snapshot(0, now, true).unwrap();
+        assert_eq!((s0.through, s0.producers[0].batches.len()), (3, 3));
+        let s1 = p.snapshot(1, now, true).unwrap();
+        assert_eq!((s1.through, s1.producers[0].epoch), (2, 1));
+        assert_eq!(s1.producers[0].batches.len(), 1);
+    }
+
+    #[test]
+    fn an_idle_producer_expires_and_comes_back_as_a_new_one() {
+        let p = Producers::new(Duration::from_secs(60));
+        store(&p, 0, &info(1, 0, 0, 1), 0, 1_000);
+        store(&p, 0, &info(2, 0, 0, 1), 1, 1_000);
+        store(&p, 0, &info(2, 0, 1, 1), 2, 50_000);
+        let before = p.snapshot(0, 50_000, false).unwrap();
+        assert_eq!(before.producers.len(), 2);
+        // At 61 s producer 1 (last seen at 1 s) is gone from snapshots and from memory.
+        let later = 61_000;
+        let snap = p.snapshot(0, later, false).unwrap();
+        assert_eq!(snap.producers.len(), 1);
+        assert_eq!(snap.producers[0].id, 2);
+        assert_eq!(p.expire(later), 1);
+        assert_eq!(p.count(0), 1);
+        // A far-off sequence from it is a new producer, not a gap.
+        assert!(matches!(
+            p.check_at(0, &info(1, 0, 500, 1), later),
+            Verdict::Store(Some(_))
+        ));
+        // A snapshot restored after the expiry time leaves the producer out.
+        let q = Producers::new(Duration::from_secs(60));
+        assert_eq!(q.restore(0, before.producers.clone(), later), 1);
+        assert_eq!(q.count(0), 1);
+        // Without a sweep, `check` expires it by itself.
+        let r = Producers::new(Duration::from_secs(60));
+        store(&r, 0, &info(1, 0, 0, 1), 0, 1_000);
+        assert!(matches!(
+            r.check_at(0, &info(1, 0, 500, 1), later),
+            Verdict::Store(Some(_))
+        ));
+        // A producer with a batch in flight is never dropped.
+        let Verdict::Store(Some(_tx)) = r.check_at(0, &info(1, 0, 501, 1), later) else {
+            panic!()
+        };
+        assert_eq!(r.expire(later + 3_600_000), 0);
+        // ...unless the request that took it was dropped before queueing it.
+        let s = Producers::new(Duration::from_secs(60));
+        drop(s.check_at(0, &info(1, 0, 0, 1), 1_000));
+        assert_eq!(s.expire(later), 1);
     }
 }

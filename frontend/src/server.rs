@@ -10,7 +10,14 @@ use tokio::task::JoinSet;
 
 use crate::broker::Broker;
 use crate::meta::MetaRecord;
+use crate::producer_snapshots::PRODUCER_SNAPSHOT_BYTES;
 use crate::{conn, FrontendError};
+
+/// Ticks (of 200 ms) between sweeps of expired producer ids.
+const EXPIRE_EVERY_TICKS: u64 = 50;
+
+/// How long a clean shutdown waits for appends in flight before its last snapshot.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
 
 /// Serves Kafka clients on `listener` until `shutdown` resolves; then stops accepting and drops
 /// every connection (their acknowledged appends are durable already; unanswered ones are the
@@ -42,20 +49,33 @@ pub async fn serve(
         tasks.spawn(async move {
             let mut every = tokio::time::interval(Duration::from_millis(200));
             let quarter_ring = (b.log().geometry().log_size / 4).max(1);
+            let producers_every = PRODUCER_SNAPSHOT_BYTES.min(quarter_ring);
             // A snapshot at start too: what was replayed may sit near the head of the ring.
             let mut snapped_at: Option<u64> = None;
+            let mut producers_at = 0u64;
+            let mut ticks = 0u64;
             loop {
                 every.tick().await;
+                ticks += 1;
                 b.groups.tick(std::time::Instant::now());
+                if ticks.is_multiple_of(EXPIRE_EVERY_TICKS) {
+                    let n = b.producers().expire(crate::producers::now_ms());
+                    if n > 0 {
+                        tracing::info!(producers = n, "idle producer ids expired");
+                    }
+                }
                 let d = b.log().durable();
                 if snapped_at.is_none_or(|s| d.saturating_sub(s) >= quarter_ring) {
-                    match b.snapshot().await {
-                        Ok(()) => snapped_at = Some(d),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "snapshot of the internal state failed");
-                            snapped_at = Some(d);
-                        }
+                    if let Err(e) = b.snapshot().await {
+                        tracing::warn!(error = %e, "snapshot of the internal state failed");
                     }
+                    snapped_at = Some(d);
+                    producers_at = d;
+                } else if d.saturating_sub(producers_at) >= producers_every {
+                    if let Err(e) = b.snapshot_producers(true).await {
+                        tracing::warn!(error = %e, "snapshot of the producer state failed");
+                    }
+                    producers_at = d;
                 }
             }
         });
@@ -79,5 +99,15 @@ pub async fn serve(
         }
     }
     tasks.shutdown().await;
+    // Clean shutdown: once every queued append is acknowledged, a snapshot of every partition's
+    // producers lets the next start replay nothing.
+    if broker.quiesce(SHUTDOWN_WAIT).await {
+        match broker.snapshot_producers(false).await {
+            Ok(n) => tracing::info!(partitions = n, "producer state recorded for the restart"),
+            Err(e) => tracing::warn!(error = %e, "snapshot of the producer state failed"),
+        }
+    } else {
+        tracing::warn!("appends still in flight at shutdown: no final producer snapshot");
+    }
     Ok(())
 }

@@ -264,16 +264,16 @@ pub fn parse_size(v: &str) -> Result<u64> {
         .ok_or_else(|| anyhow!("size {v:?} overflows"))
 }
 
-/// `250us`, `4.4ms`, `2s`, `100` (milliseconds).
+/// `250us`, `4.4ms`, `2s`, `10min`, `6h`, `1d`, `100` (milliseconds).
 pub fn parse_duration(v: &str) -> Result<Duration> {
     let t = v.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| anyhow!("duration {v:?}: expected a number with a unit (us, ms, s)"))?;
+    let n: f64 = num.parse().map_err(|_| {
+        anyhow!("duration {v:?}: expected a number with a unit (us, ms, s, min, h, d)")
+    })?;
     if !n.is_finite() || n < 0.0 {
         bail!("duration {v:?} must be a non-negative number");
     }
@@ -282,9 +282,12 @@ pub fn parse_duration(v: &str) -> Result<Duration> {
         "us" | "µs" => n / 1e6,
         "" | "ms" => n / 1e3,
         "s" => n,
-        u => bail!("duration {v:?}: unknown unit {u:?} (ns, us, ms, s)"),
+        "min" => n * 60.0,
+        "h" => n * 3600.0,
+        "d" => n * 86400.0,
+        u => bail!("duration {v:?}: unknown unit {u:?} (ns, us, ms, s, min, h, d)"),
     };
-    Ok(Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs).map_err(|_| anyhow!("duration {v:?} is too long"))
 }
 
 #[cfg(test)]
@@ -351,5 +354,10 @@ mod tests {
         assert!(parse_size("12 parsecs").is_err());
         assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
         assert!(parse_duration("-1ms").is_err());
+        assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86400));
+        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("2min").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("99999999999999999999999d").is_err());
+        assert!(parse_duration("3 weeks").is_err());
     }
 }

@@ -40,6 +40,11 @@ pub struct ServeArgs {
     /// Largest request frame accepted.
     #[arg(long, default_value = "8M")]
     pub max_frame: String,
+    /// An idempotent producer not seen for this long is forgotten, in memory and in the
+    /// snapshots (Kafka's producer.id.expiration.ms); a later batch of it counts as from a new
+    /// producer.
+    #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "1d")]
+    pub producer_id_expiration: Duration,
     /// Serve Prometheus metrics on http://<addr>/metrics (e.g. 127.0.0.1:9464).
     #[arg(long)]
     pub metrics_addr: Option<String>,
@@ -134,9 +139,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
         auto_create_topics: !args.no_auto_create,
         default_partitions: args.default_partitions,
         max_frame: usize::try_from(max_frame).unwrap_or(usize::MAX),
+        producer_id_expiration: args.producer_id_expiration,
         ..frontend::Config::default()
     };
+    let opened = std::time::Instant::now();
     let broker = frontend::Broker::open(log, queue, fcfg).context("opening the broker state")?;
+    let st = broker.startup();
+    println!(
+        "producer state: {} partitions from snapshots, {} replayed in full, {} records replayed, {} producers expired ({:.3} s)",
+        st.partitions_from_snapshot,
+        st.partitions_replayed_in_full,
+        st.records_replayed,
+        st.producers_expired,
+        opened.elapsed().as_secs_f64()
+    );
     let log = broker.log().clone();
     println!("nvmq serving Kafka on {bound} (advertised as {host}:{port})");
     let served = rt.block_on(frontend::serve(broker, listener, stop_signal()));

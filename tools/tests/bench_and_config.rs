@@ -183,7 +183,7 @@ fn config_errors_name_the_key_and_the_value() {
         std::fs::write(&p, text).unwrap();
         p.to_str().unwrap().to_string()
     };
-    let cases: [(&str, &str, &str, &[&str]); 5] = [
+    let cases: [(&str, &str, &str, &[&str]); 6] = [
         (
             "typo.toml",
             "[format]\nsise = \"1G\"\n",
@@ -209,6 +209,12 @@ fn config_errors_name_the_key_and_the_value() {
             &["`verify.json`", "true or false"],
         ),
         ("syntax.toml", "[format\n", "format", &["syntax.toml"]),
+        (
+            "expiry.toml",
+            "[serve]\nproducer_id_expiration = \"3 weeks\"\n",
+            "serve",
+            &["`serve.producer_id_expiration`", "3 weeks"],
+        ),
     ];
     for (name, text, cmd, wants) in cases {
         let file = write(name, text);
