@@ -156,10 +156,9 @@ async fn start_partition(
                     .await;
                 match r {
                     Ok(rx) => waits.push(Wait::Stored(rx)),
-                    Err(e) => {
-                        b.producers.forget(pid, &info);
-                        return Some((log_error_code(&e), e.to_string()));
-                    }
+                    // The refused append dropped its landing's sender: the producers take the
+                    // retry as a new batch (see `Producers::check`), not as a duplicate.
+                    Err(e) => return Some((log_error_code(&e), e.to_string())),
                 }
             }
         }

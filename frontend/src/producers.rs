@@ -36,6 +36,18 @@ struct Remembered {
     landing: Landing,
 }
 
+impl Remembered {
+    /// Its append was never queued: the request was dropped (its connection closed while it
+    /// waited to append), so the sender is gone without a landing. Nothing was stored.
+    fn abandoned(&self) -> bool {
+        self.landing.borrow().is_none() && self.landing.has_changed().is_err()
+    }
+
+    fn in_flight(&self) -> bool {
+        self.landing.borrow().is_none() && self.landing.has_changed().is_ok()
+    }
+}
+
 struct State {
     epoch: i16,
     batches: VecDeque<Remembered>,
@@ -59,9 +71,7 @@ impl State {
     /// A batch is in flight until its landing is known, unless nobody can tell it any more (the
     /// request that checked it was dropped before queueing it).
     fn in_flight(&self) -> bool {
-        self.batches
-            .iter()
-            .any(|b| b.landing.borrow().is_none() && b.landing.has_changed().is_ok())
+        self.batches.iter().any(Remembered::in_flight)
     }
 }
 
@@ -286,6 +296,12 @@ impl Producers {
             remember(st, info, rx);
             return Verdict::Store(Some(tx));
         }
+        // Requests start in order per connection, so an abandoned batch is the newest of its
+        // producer: drop it, and its retry is stored instead of answered as a duplicate that
+        // never landed (which the client would retry for ever).
+        while st.batches.back().is_some_and(Remembered::abandoned) {
+            st.batches.pop_back();
+        }
         if let Some(b) = st
             .batches
             .iter()
@@ -321,24 +337,6 @@ impl Producers {
                 info.producer_id, info.base_sequence, expected
             ),
         )
-    }
-
-    /// A batch accepted by `check` could not be queued: forget it, so the retry is not taken for
-    /// a duplicate of something never stored.
-    pub fn forget(&self, partition: u32, info: &BatchInfo) {
-        let mut m = lock(&self.parts);
-        let Some(part) = m.get_mut(&partition) else {
-            return;
-        };
-        if let Some(st) = part.producers.get_mut(&info.producer_id) {
-            if st
-                .batches
-                .back()
-                .is_some_and(|b| b.first_seq == info.base_sequence)
-            {
-                st.batches.pop_back();
-            }
-        }
     }
 
     /// The acknowledgement of an append to a data partition (every one, idempotent or not: the
@@ -445,9 +443,45 @@ mod tests {
         batch::check(&batch::tests::make_batch(n, pid, epoch, seq, 1)).unwrap()
     }
 
+    /// Checks a batch that must be taken and keeps its sender, as the produce path does until
+    /// the append is acknowledged (a dropped sender means the append was never queued).
+    fn take(p: &Producers, part: u32, i: &BatchInfo, held: &mut Vec<LandingTx>) {
+        match p.check(part, i) {
+            Verdict::Store(Some(tx)) => held.push(tx),
+            _ => panic!("batch {i:?} not taken"),
+        }
+    }
+
+    #[test]
+    fn a_batch_whose_append_was_never_queued_is_stored_on_retry() {
+        let p = Producers::default();
+        let Verdict::Store(Some(first)) = p.check(0, &info(4, 0, 0, 2)) else {
+            panic!("first batch refused")
+        };
+        first.send(Some(Ok(0))).unwrap();
+        let Verdict::Store(Some(second)) = p.check(0, &info(4, 0, 2, 2)) else {
+            panic!("second batch refused")
+        };
+        // The request is dropped before its append is queued: the sender goes, unanswered.
+        drop(second);
+        let Verdict::Store(Some(_retry)) = p.check(0, &info(4, 0, 2, 2)) else {
+            panic!("the retry of a batch never stored was not stored")
+        };
+        // A batch still in flight stays a duplicate; the stored one too.
+        assert!(matches!(
+            p.check(0, &info(4, 0, 2, 2)),
+            Verdict::Duplicate(_)
+        ));
+        assert!(matches!(
+            p.check(0, &info(4, 0, 0, 2)),
+            Verdict::Duplicate(_)
+        ));
+    }
+
     #[test]
     fn sequences_are_checked_per_producer_and_partition() {
         let p = Producers::default();
+        let mut held = Vec::new();
         assert!(matches!(
             p.check(0, &info(-1, -1, -1, 1)),
             Verdict::Store(None)
@@ -461,24 +495,15 @@ mod tests {
             panic!("retry not seen as a duplicate")
         };
         assert_eq!(*l.borrow(), Some(Ok(10)));
-        assert!(matches!(
-            p.check(0, &info(1, 0, 3, 1)),
-            Verdict::Store(Some(_))
-        ));
+        take(&p, 0, &info(1, 0, 3, 1), &mut held);
         // A gap is out of order; the other partition is independent.
         assert!(matches!(
             p.check(0, &info(1, 0, 9, 1)),
             Verdict::Refuse(codes::OUT_OF_ORDER_SEQUENCE_NUMBER, _)
         ));
-        assert!(matches!(
-            p.check(1, &info(1, 0, 0, 1)),
-            Verdict::Store(Some(_))
-        ));
+        take(&p, 1, &info(1, 0, 0, 1), &mut held);
         for s in 4..10 {
-            assert!(matches!(
-                p.check(0, &info(1, 0, s, 1)),
-                Verdict::Store(Some(_))
-            ));
+            take(&p, 0, &info(1, 0, s, 1), &mut held);
         }
         assert!(matches!(
             p.check(0, &info(1, 0, 0, 3)),
@@ -489,10 +514,7 @@ mod tests {
             p.check(0, &info(1, 1, 5, 1)),
             Verdict::Refuse(codes::OUT_OF_ORDER_SEQUENCE_NUMBER, _)
         ));
-        assert!(matches!(
-            p.check(0, &info(1, 1, 0, 1)),
-            Verdict::Store(Some(_))
-        ));
+        take(&p, 0, &info(1, 1, 0, 1), &mut held);
         assert!(matches!(
             p.check(0, &info(1, 0, 10, 1)),
             Verdict::Refuse(codes::INVALID_PRODUCER_EPOCH, _)
