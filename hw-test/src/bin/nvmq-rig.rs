@@ -1,6 +1,8 @@
 //! The power-cut validation controller: loads a broker over the Kafka protocol (acks=all), keeps
 //! a synced ledger of every ack on this machine, cuts the broker's power with --cut-cmd at a
 //! seeded random moment, brings it back with --up-cmd, and checks every acknowledged record.
+//! With --resume it picks up the run in an existing --ledger after the controller itself stopped:
+//! every ack on it is checked first, then the cycles go on, appending to the same ledger.
 //! Exit status: 0 pass; 1 error (bad flag, broker not back, ledger failure); 3 an acknowledged
 //! record lost or a served record failing its checksum.
 
@@ -11,7 +13,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use hw_test::powercut::inproc::{SimBroker, SimBrokerConfig};
-use hw_test::powercut::{self, CommandSwitch, PowerSwitch, RigOptions};
+use hw_test::powercut::{self, CommandSwitch, PowerSwitch, RigError, RigOptions};
 use nvmq_log::FlushMode;
 
 #[derive(Parser, Debug)]
@@ -65,27 +67,36 @@ struct Args {
     /// Producers (one connection each).
     #[arg(long, default_value_t = 4)]
     producers: u32,
-    /// Partitions of the run's topic (producer i writes partition i mod this).
-    #[arg(long, default_value_t = 2)]
-    partitions: i32,
+    /// Partitions of the run's topic (producer i writes partition i mod this) [default: 2, or
+    /// with --resume the ledger's].
+    #[arg(long)]
+    partitions: Option<i32>,
     /// Records per produce request.
     #[arg(long, default_value_t = 4)]
     batch: u32,
     /// Produce requests each producer keeps unanswered at once.
     #[arg(long, default_value_t = 4)]
     in_flight: usize,
-    /// Smallest record body in bytes (a 36-byte header and a checksum come on top).
-    #[arg(long, default_value_t = 16)]
-    body_min: usize,
-    /// Largest record body in bytes.
-    #[arg(long, default_value_t = 1024)]
-    body_max: usize,
-    /// Topic of the run (default: rig-<seed>-<unix time>; created if missing).
+    /// Smallest record body in bytes (a 36-byte header and a checksum come on top) [default: 16,
+    /// or with --resume the ledger's].
+    #[arg(long)]
+    body_min: Option<usize>,
+    /// Largest record body in bytes [default: 1024, or with --resume the ledger's].
+    #[arg(long)]
+    body_max: Option<usize>,
+    /// Topic of the run (default: rig-<seed>-<unix time>, or with --resume the ledger's; created
+    /// if missing).
     #[arg(long)]
     topic: Option<String>,
-    /// The ledger file, on this machine's own disk (default: ./<topic>.ledger; must not exist).
+    /// The ledger file, on this machine's own disk (default: ./<topic>.ledger; must not exist,
+    /// unless --resume).
     #[arg(long)]
     ledger: Option<PathBuf>,
+    /// Go on with the run in the existing --ledger (after the controller stopped): check every
+    /// ack on it against the broker first, then run --cycles more cuts, numbered on, appending
+    /// to it. Topic, partitions and body sizes are the ledger's; --seed draws the new cut moments.
+    #[arg(long, requires = "ledger", conflicts_with = "verify_only")]
+    resume: bool,
     /// Do not resend a cycle's unacknowledged records in the next cycle.
     #[arg(long)]
     no_resend: bool,
@@ -166,9 +177,15 @@ fn run(a: Args) -> Result<bool> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
+    // A resumed run's shape is its ledger's; flags given anyway must agree (checked on resume).
+    let resumed = match (&a.ledger, a.resume) {
+        (Some(path), true) => Some(powercut::ledger::read(path)?.header),
+        _ => None,
+    };
     let topic = a
         .topic
         .clone()
+        .or_else(|| resumed.as_ref().map(|h| h.topic.clone()))
         .unwrap_or_else(|| format!("rig-{seed}-{unix}"));
     let ledger = a
         .ledger
@@ -201,11 +218,22 @@ fn run(a: Args) -> Result<bool> {
     };
 
     let mut o = RigOptions::new(broker, topic, ledger);
-    o.partitions = a.partitions;
+    o.partitions = a
+        .partitions
+        .or(resumed.as_ref().map(|h| h.partitions))
+        .unwrap_or(2);
     o.producers = a.producers;
     o.batch = a.batch;
     o.in_flight = a.in_flight;
-    o.body_len = (a.body_min, a.body_max);
+    o.body_len = (
+        a.body_min
+            .or(resumed.as_ref().map(|h| h.body_len.0))
+            .unwrap_or(16),
+        a.body_max
+            .or(resumed.as_ref().map(|h| h.body_len.1))
+            .unwrap_or(1024),
+    );
+    o.resume = a.resume;
     o.cycles = a.cycles;
     o.seed = seed;
     o.cut_after = (a.cut_after_min, a.cut_after_max);
@@ -216,7 +244,8 @@ fn run(a: Args) -> Result<bool> {
     o.resend_unacked = !a.no_resend;
 
     let intro = format!(
-        "nvmq-rig: seed {seed} (replay with --seed {seed}), {} cycles against {}, topic {}, ledger {}",
+        "nvmq-rig: {}seed {seed} (replay with --seed {seed}), {} cycles against {}, topic {}, ledger {}",
+        if o.resume { "resuming the run in its ledger, " } else { "" },
         o.cycles,
         o.broker,
         o.topic,
@@ -231,8 +260,18 @@ fn run(a: Args) -> Result<bool> {
         }
     };
     say(&intro);
-    let report = powercut::run(&o, switch, |c| say(&c.to_string()))
-        .with_context(|| format!("seed {seed}"))?;
+    let report = powercut::run(&o, switch, |c| say(&c.to_string())).map_err(|e| {
+        let resumable = !matches!(e, RigError::Option { .. } | RigError::Ledger(_));
+        // An in-process broker dies with this process: nothing of it is left to resume against.
+        if resumable && !a.in_process_sim && o.ledger.exists() {
+            eprintln!(
+                "nvmq-rig: the run stopped; its acks are in {0}: `--resume --ledger {0}` checks them and goes on",
+                o.ledger.display()
+            );
+        }
+        anyhow::Error::new(e).context(format!("seed {seed}"))
+    })?;
+
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -5,6 +5,10 @@
 //! the ack, so whatever the count says is on the ledger. A line cut short by a crash of the
 //! controller itself (no newline, or a checksum that does not match on the last line) was never
 //! counted and is ignored; a bad line anywhere else is corruption and refuses the ledger.
+//!
+//! Marks between the entries say where each cycle began (and with which seed) and what its load
+//! sent, so that a run can be resumed from its ledger with its cycles numbered on. Ledgers
+//! written before the marks existed hold none and still read.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -43,14 +47,34 @@ pub enum LedgerError {
         #[source]
         source: std::io::Error,
     },
-    #[error("ledger {path} exists already (each run starts a ledger of its own)")]
+    #[error("ledger {path} exists already (each run starts a ledger of its own; resuming continues the run it holds)")]
     Exists { path: PathBuf },
+    #[error("ledger {path} does not exist: there is no run to resume or check")]
+    Missing { path: PathBuf },
+    #[error("ledger {path} holds {len} bytes, fewer than the {good} read before resuming: another writer?")]
+    Shrunk { path: PathBuf, len: u64, good: u64 },
     #[error("ledger {path}, line {line}: {what}")]
     Corrupt {
         path: PathBuf,
         line: usize,
         what: String,
     },
+}
+
+/// A cycle's load began (written before any record of the cycle is sent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CycleStart {
+    pub cycle: u32,
+    /// The seed of the controller session that ran the cycle (its cut moment).
+    pub seed: u64,
+}
+
+/// A cycle's cut came and its load ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CycleCut {
+    pub cycle: u32,
+    /// Records sent in the cycle, resends included.
+    pub sent: u64,
 }
 
 /// The ledger as written: appends go to the end and reach the disk before `append` returns.
@@ -75,6 +99,14 @@ fn entry_line(e: &Entry) -> String {
         "ack {} {} {} {} {} {} {:08x}",
         e.partition, e.offset, e.id.cycle, e.id.producer, e.id.seq, e.len, e.hash
     ))
+}
+
+fn start_line(m: &CycleStart) -> String {
+    seal(&format!("cycle {} seed {}", m.cycle, m.seed))
+}
+
+fn cut_line(m: &CycleCut) -> String {
+    seal(&format!("cut {} sent {}", m.cycle, m.sent))
 }
 
 impl Ledger {
@@ -109,6 +141,46 @@ impl Ledger {
         Ok(l)
     }
 
+    /// Opens a ledger read as `read` found it, to append to it. A torn last line is cut off
+    /// first (it was never counted, and entries after it would turn it into corruption).
+    pub fn resume(path: &Path, read: &Contents) -> Result<Ledger, LedgerError> {
+        let io = |op, source| LedgerError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => LedgerError::Missing {
+                    path: path.to_path_buf(),
+                },
+                _ => io("opening to append", e),
+            })?;
+        let len = file
+            .metadata()
+            .map_err(|e| io("reading its length", e))?
+            .len();
+        if len < read.good_len {
+            return Err(LedgerError::Shrunk {
+                path: path.to_path_buf(),
+                len,
+                good: read.good_len,
+            });
+        }
+        if len > read.good_len {
+            file.set_len(read.good_len)
+                .map_err(|e| io("cutting off the torn last line", e))?;
+            file.sync_all()
+                .map_err(|e| io("syncing after cutting the torn last line", e))?;
+        }
+        Ok(Ledger {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
     fn write(&mut self, bytes: &[u8]) -> Result<(), LedgerError> {
         let io = |op, source| LedgerError::Io {
             op,
@@ -125,6 +197,16 @@ impl Ledger {
         self.write(text.as_bytes())
     }
 
+    /// Marks the start of a cycle's load, before any of its records is sent.
+    pub fn start_cycle(&mut self, m: &CycleStart) -> Result<(), LedgerError> {
+        self.write(start_line(m).as_bytes())
+    }
+
+    /// Marks the end of a cycle's load, after its cut.
+    pub fn cut_cycle(&mut self, m: &CycleCut) -> Result<(), LedgerError> {
+        self.write(cut_line(m).as_bytes())
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -135,8 +217,22 @@ impl Ledger {
 pub struct Contents {
     pub header: Header,
     pub entries: Vec<Entry>,
+    pub starts: Vec<CycleStart>,
+    pub cuts: Vec<CycleCut>,
     /// A last line cut short (never counted), if there was one.
     pub torn_tail: bool,
+    /// Bytes up to the end of the last sound line (the file's length unless the tail is torn).
+    pub good_len: u64,
+}
+
+impl Contents {
+    /// The highest cycle the ledger knows of: marked as started, or holding an ack.
+    pub fn highest_cycle(&self) -> u32 {
+        let marked = self.starts.iter().map(|m| m.cycle);
+        let cuts = self.cuts.iter().map(|m| m.cycle);
+        let acked = self.entries.iter().map(|e| e.id.cycle);
+        marked.chain(cuts).chain(acked).max().unwrap_or(0)
+    }
 }
 
 fn unseal(line: &str) -> Option<&str> {
@@ -163,10 +259,25 @@ fn parse_header(body: &str) -> Option<Header> {
     }
 }
 
-fn parse_entry(body: &str) -> Option<Entry> {
+/// One line after the header.
+enum Line {
+    Entry(Entry),
+    Start(CycleStart),
+    Cut(CycleCut),
+}
+
+fn parse_line(body: &str) -> Option<Line> {
     let f: Vec<&str> = body.split(' ').collect();
     match f[..] {
-        ["ack", partition, offset, cycle, producer, seq, len, hash] => Some(Entry {
+        ["cycle", cycle, "seed", seed] => Some(Line::Start(CycleStart {
+            cycle: cycle.parse().ok()?,
+            seed: seed.parse().ok()?,
+        })),
+        ["cut", cycle, "sent", sent] => Some(Line::Cut(CycleCut {
+            cycle: cycle.parse().ok()?,
+            sent: sent.parse().ok()?,
+        })),
+        ["ack", partition, offset, cycle, producer, seq, len, hash] => Some(Line::Entry(Entry {
             partition: partition.parse().ok()?,
             offset: offset.parse().ok()?,
             id: RecordId {
@@ -176,17 +287,22 @@ fn parse_entry(body: &str) -> Option<Entry> {
             },
             len: len.parse().ok()?,
             hash: u32::from_str_radix(hash, 16).ok()?,
-        }),
+        })),
         _ => None,
     }
 }
 
 /// Reads a ledger back, ignoring a torn last line.
 pub fn read(path: &Path) -> Result<Contents, LedgerError> {
-    let bytes = std::fs::read(path).map_err(|source| LedgerError::Io {
-        op: "reading",
-        path: path.to_path_buf(),
-        source,
+    let bytes = std::fs::read(path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => LedgerError::Missing {
+            path: path.to_path_buf(),
+        },
+        _ => LedgerError::Io {
+            op: "reading",
+            path: path.to_path_buf(),
+            source,
+        },
     })?;
     let corrupt = |line: usize, what: String| LedgerError::Corrupt {
         path: path.to_path_buf(),
@@ -199,8 +315,11 @@ pub fn read(path: &Path) -> Result<Contents, LedgerError> {
     let mut torn_tail = !tail.is_empty();
     let mut header = None;
     let mut entries = Vec::new();
+    let (mut starts, mut cuts) = (Vec::new(), Vec::new());
+    let mut good_len = 0u64;
     let count = lines.len();
     for (i, raw) in lines.into_iter().enumerate() {
+        let end = good_len + raw.len() as u64 + 1;
         let body = std::str::from_utf8(raw).ok().and_then(unseal);
         let Some(body) = body else {
             // A whole last line with a bad checksum: written in part before the crash (the
@@ -211,6 +330,7 @@ pub fn read(path: &Path) -> Result<Contents, LedgerError> {
             }
             return Err(corrupt(i + 1, "checksum does not match".into()));
         };
+        good_len = end;
         if i == 0 {
             header = Some(
                 parse_header(body)
@@ -218,15 +338,21 @@ pub fn read(path: &Path) -> Result<Contents, LedgerError> {
             );
             continue;
         }
-        entries.push(
-            parse_entry(body).ok_or_else(|| corrupt(i + 1, format!("not an entry: {body:?}")))?,
-        );
+        match parse_line(body) {
+            Some(Line::Entry(e)) => entries.push(e),
+            Some(Line::Start(m)) => starts.push(m),
+            Some(Line::Cut(m)) => cuts.push(m),
+            None => return Err(corrupt(i + 1, format!("not an entry or a mark: {body:?}"))),
+        }
     }
     let header = header.ok_or_else(|| corrupt(1, "no header line".into()))?;
     Ok(Contents {
         header,
         entries,
+        starts,
+        cuts,
         torn_tail,
+        good_len,
     })
 }
 
@@ -311,5 +437,45 @@ mod tests {
             Err(LedgerError::Corrupt { line, .. }) => assert_eq!(line, 3),
             other => panic!("damage in the middle not refused: {other:?}"),
         }
+    }
+
+    #[test]
+    fn marks_read_back_and_a_resumed_ledger_drops_its_torn_tail() {
+        let p = dir("ledger-resume").join("ledger");
+        let mut l = Ledger::create(&p, &header()).expect("create");
+        l.start_cycle(&CycleStart { cycle: 1, seed: 9 })
+            .expect("start");
+        l.append(&[entry(0), entry(1)]).expect("append");
+        l.cut_cycle(&CycleCut { cycle: 1, sent: 8 }).expect("cut");
+        l.start_cycle(&CycleStart { cycle: 2, seed: 9 })
+            .expect("start");
+        l.append(&[entry(2)]).expect("append");
+        drop(l);
+        let whole = std::fs::read(&p).expect("bytes");
+        let c = read(&p).expect("read");
+        assert_eq!(c.entries, vec![entry(0), entry(1), entry(2)]);
+        assert_eq!(c.starts.len(), 2);
+        assert_eq!(c.cuts, vec![CycleCut { cycle: 1, sent: 8 }]);
+        assert_eq!(c.highest_cycle(), 2);
+        assert_eq!(c.good_len, whole.len() as u64);
+
+        // The controller stopped while writing entry 2: its line is torn.
+        std::fs::write(&p, &whole[..whole.len() - 7]).expect("tear");
+        let c = read(&p).expect("read torn");
+        assert!(c.torn_tail);
+        assert_eq!(c.entries, vec![entry(0), entry(1)]);
+        let mut l = Ledger::resume(&p, &c).expect("resume");
+        l.append(&[entry(5)]).expect("append after resume");
+        drop(l);
+        let c = read(&p).expect("read resumed");
+        assert!(!c.torn_tail, "the torn line was not cut off");
+        assert_eq!(c.entries, vec![entry(0), entry(1), entry(5)]);
+
+        let gone = p.with_file_name("absent");
+        assert!(matches!(read(&gone), Err(LedgerError::Missing { .. })));
+        assert!(matches!(
+            Ledger::resume(&gone, &c),
+            Err(LedgerError::Missing { .. })
+        ));
     }
 }

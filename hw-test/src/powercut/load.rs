@@ -171,8 +171,9 @@ pub async fn producer(
                     .collect();
                 let ledger = ctx.ledger.clone();
                 tokio::task::spawn_blocking(move || {
-                    let mut l = ledger.lock().unwrap_or_else(|e| e.into_inner());
-                    l.append(&entries).map(|()| entries.len() as u64)
+                    crate::powercut::lock(&ledger)
+                        .append(&entries)
+                        .map(|()| entries.len() as u64)
                 })
                 .await
                 .map_err(lost_ledger)?

@@ -13,6 +13,7 @@ pub mod ledger;
 pub mod load;
 pub mod payload;
 pub mod report;
+pub mod resume;
 pub mod switch;
 pub mod verify;
 pub mod wire;
@@ -26,10 +27,10 @@ use std::time::{Duration, Instant};
 use blockdev::sim::Rng;
 use tokio::sync::watch;
 
-pub use report::{CycleReport, RunReport, Totals};
+pub use report::{CycleKind, CycleReport, Resumed, RunReport, Totals};
 pub use switch::{CommandSwitch, PowerSwitch};
 
-use ledger::{Header, Ledger};
+use ledger::{CycleCut, CycleStart, Header, Ledger};
 use load::{Batch, LoadCtx};
 
 #[derive(Debug, thiserror::Error)]
@@ -94,8 +95,12 @@ pub struct RigOptions {
     pub up_timeout: Duration,
     pub poll_interval: Duration,
     pub request_timeout: Duration,
-    /// The ledger file (on the controller's own disk); must not exist yet.
+    /// The ledger file (on the controller's own disk); must not exist yet, unless `resume`.
     pub ledger: PathBuf,
+    /// Go on with the run in the existing `ledger`: check every ack on it first, then run
+    /// `cycles` more, numbered on, appending to it. Topic, partitions and body lengths must be
+    /// the ledger's; the records keep the ledger's run key (the seed only draws the cut moments).
+    pub resume: bool,
     /// Resend each cycle's unacknowledged records in the next one (as a Kafka producer retries),
     /// which is what makes duplicates possible.
     pub resend_unacked: bool,
@@ -120,6 +125,7 @@ impl RigOptions {
             poll_interval: Duration::from_millis(20),
             request_timeout: Duration::from_secs(10),
             ledger,
+            resume: false,
             resend_unacked: true,
         }
     }
@@ -240,9 +246,97 @@ struct Seen {
     copies: BTreeMap<payload::RecordId, usize>,
 }
 
+/// One verification: the ledger as it is on disk held against the whole topic as served.
+struct Findings {
+    checked: u64,
+    lost: Vec<verify::Lost>,
+    faults: Vec<verify::Fault>,
+    new_survivors: u64,
+    new_copies: u64,
+    torn_tail: bool,
+    highest_cycle: u32,
+}
+
+fn check(
+    rt: &tokio::runtime::Runtime,
+    o: &RigOptions,
+    seen: &mut Seen,
+) -> Result<Findings, RigError> {
+    let contents = ledger::read(&o.ledger)?;
+    let scan = rt.block_on(verify::scan(
+        &o.broker,
+        &o.topic,
+        o.partitions,
+        o.request_timeout,
+    ))?;
+    let v = verify::judge(&contents, &scan);
+    let new_survivors = v
+        .survivors
+        .iter()
+        .filter(|id| seen.survivors.insert(**id))
+        .count() as u64;
+    let mut new_copies = 0u64;
+    for (id, at) in &v.duplicates {
+        let extra = at.len() - 1;
+        let before = seen.copies.insert(*id, extra).unwrap_or(0);
+        new_copies += extra.saturating_sub(before) as u64;
+    }
+    for l in &v.lost {
+        seen.lost.insert((l.partition, l.offset, l.id));
+    }
+    for f in &v.faults {
+        seen.faults.insert((f.partition, f.offset));
+    }
+    Ok(Findings {
+        checked: v.checked,
+        lost: v.lost,
+        faults: v.faults,
+        new_survivors,
+        new_copies,
+        torn_tail: contents.torn_tail,
+        highest_cycle: v.highest_cycle,
+    })
+}
+
+/// A cycle's report without load figures (a resume has none; a cut fills them in).
+fn checked_report(
+    cycle: u32,
+    kind: CycleKind,
+    f: Findings,
+    up: &Up,
+    broker_report: Option<String>,
+) -> CycleReport {
+    CycleReport {
+        cycle,
+        kind,
+        cut_after_ms: 0.0,
+        sent: 0,
+        acked: 0,
+        unacked: 0,
+        checked: f.checked,
+        lost_acked: f.lost.len() as u64,
+        checksum_failures: f.faults.len() as u64,
+        survivors: f.new_survivors,
+        duplicates: f.new_copies,
+        cut_ms: 0.0,
+        port_up_ms: report::round_ms(up.port_up),
+        metadata_ok_ms: report::round_ms(up.metadata_ok),
+        broker_report,
+        lost_examples: f.lost.into_iter().take(5).collect(),
+        fault_examples: f.faults.into_iter().take(5).collect(),
+        ledger_torn_tail: f.torn_tail,
+    }
+}
+
+pub(crate) fn lock(l: &Mutex<Ledger>) -> std::sync::MutexGuard<'_, Ledger> {
+    l.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Runs the cycles; `each` sees every cycle's report as it is made. Returns the run's report (its
 /// `passed()` is false on any lost acknowledged record or checksum failure); an Err is a run that
-/// could not go on (the broker did not come back, the ledger failed, a bad option).
+/// could not go on (the broker did not come back, the ledger failed, a bad option). With
+/// `o.resume`, the run in the existing ledger is checked first (a [`CycleKind::Resume`] report)
+/// and then goes on.
 pub fn run(
     o: &RigOptions,
     switch: &mut dyn PowerSwitch,
@@ -255,23 +349,52 @@ pub fn run(
         .enable_all()
         .build()
         .map_err(|e| RigError::InProcess(format!("starting the controller's runtime: {e}")))?;
-    let run = run_key(o.seed);
-    let header = Header {
-        run,
-        seed: o.seed,
-        topic: o.topic.clone(),
-        partitions: o.partitions,
-        body_len: o.body_len,
+    let (ledger, prior) = if o.resume {
+        let (l, c) = resume::open(o)?;
+        (l, Some(c))
+    } else {
+        let header = Header {
+            run: run_key(o.seed),
+            seed: o.seed,
+            topic: o.topic.clone(),
+            partitions: o.partitions,
+            body_len: o.body_len,
+        };
+        (Ledger::create(&o.ledger, &header)?, None)
     };
-    let ledger = Arc::new(Mutex::new(Ledger::create(&o.ledger, &header)?));
-    let moments = cut_moments(o.seed, o.cycles, o.cut_after);
-    let mut queues: Vec<VecDeque<Batch>> = vec![VecDeque::new(); o.producers as usize];
+    let run = prior
+        .as_ref()
+        .map_or_else(|| run_key(o.seed), |c| c.header.run);
+    let ledger = Arc::new(Mutex::new(ledger));
     let mut seen = Seen::default();
     let mut cycles = Vec::new();
+    let mut resumed = None;
+    if let Some(prior) = &prior {
+        // As after a cut: the broker may have lost the topic, which the check then reports.
+        let last = prior.highest_cycle();
+        let up = rt.block_on(wait_up(o, Instant::now(), false, last))?;
+        let broker_report = switch.recovery_report();
+        let f = check(&rt, o, &mut seen)?;
+        // Past every cycle the ledger or the broker knows of: a record sent but never
+        // acknowledged before the stop keeps its id on the broker, and no new one may take it.
+        let first = last.max(f.highest_cycle) + 1;
+        let mut report = checked_report(last, CycleKind::Resume, f, &up, broker_report);
+        report.ledger_torn_tail = prior.torn_tail;
+        each(&report);
+        cycles.push(report);
+        resumed = Some(resume::summary(prior, first));
+    }
+    let first_cycle = resumed.as_ref().map_or(1, |r| r.first_cycle);
+    let moments = cut_moments(o.seed, o.cycles, o.cut_after);
+    let mut queues: Vec<VecDeque<Batch>> = vec![VecDeque::new(); o.producers as usize];
     for (i, &moment) in moments.iter().enumerate() {
-        let cycle = i as u32 + 1;
+        let cycle = first_cycle + i as u32;
         // (Re)creates the topic when a cut took it away: the loss is counted, the load goes on.
         rt.block_on(wait_up(o, Instant::now(), true, cycle))?;
+        lock(&ledger).start_cycle(&CycleStart {
+            cycle,
+            seed: o.seed,
+        })?;
         let acked = Arc::new(AtomicU64::new(0));
         let ctx = Arc::new(LoadCtx {
             addr: o.broker.clone(),
@@ -331,64 +454,32 @@ pub fn run(
                 queues[p] = outcome.unacked.into();
             }
         }
+        lock(&ledger).cut_cycle(&CycleCut { cycle, sent })?;
 
         switch.restore()?;
         let up = rt.block_on(wait_up(o, cut_at, false, cycle))?;
         let broker_report = switch.recovery_report();
-        let contents = ledger::read(&o.ledger)?;
-        let scan = rt.block_on(verify::scan(
-            &o.broker,
-            &o.topic,
-            o.partitions,
-            o.request_timeout,
-        ))?;
-        let v = verify::judge(&contents, &scan);
-
-        let new_survivors = v
-            .survivors
-            .iter()
-            .filter(|id| seen.survivors.insert(**id))
-            .count() as u64;
-        let mut new_copies = 0u64;
-        for (id, at) in &v.duplicates {
-            let extra = at.len() - 1;
-            let before = seen.copies.insert(*id, extra).unwrap_or(0);
-            new_copies += extra.saturating_sub(before) as u64;
-        }
-        for l in &v.lost {
-            seen.lost.insert((l.partition, l.offset, l.id));
-        }
-        for f in &v.faults {
-            seen.faults.insert((f.partition, f.offset));
-        }
+        let f = check(&rt, o, &mut seen)?;
+        let acked = acked.load(Ordering::Relaxed);
         let report = CycleReport {
-            cycle,
             cut_after_ms: report::round_ms(moment),
             sent,
-            acked: acked.load(Ordering::Relaxed),
-            unacked: sent.saturating_sub(acked.load(Ordering::Relaxed)),
-            checked: v.checked,
-            lost_acked: v.lost.len() as u64,
-            checksum_failures: v.faults.len() as u64,
-            survivors: new_survivors,
-            duplicates: new_copies,
+            acked,
+            unacked: sent.saturating_sub(acked),
             cut_ms: report::round_ms(cut_took),
-            port_up_ms: report::round_ms(up.port_up),
-            metadata_ok_ms: report::round_ms(up.metadata_ok),
-            broker_report,
-            lost_examples: v.lost.iter().take(5).cloned().collect(),
-            fault_examples: v.faults.iter().take(5).cloned().collect(),
-            ledger_torn_tail: contents.torn_tail,
+            ..checked_report(cycle, CycleKind::Cut, f, &up, broker_report)
         };
         each(&report);
         cycles.push(report);
     }
 
     let (rmin, rmed, rmax) = report::recovery_spread(&cycles);
+    let cuts = || cycles.iter().filter(|c| c.kind == CycleKind::Cut);
+    let before = resumed.as_ref();
     let totals = Totals {
-        cycles: cycles.len() as u32,
-        sent: cycles.iter().map(|c| c.sent).sum(),
-        acked: cycles.iter().map(|c| c.acked).sum(),
+        cycles: before.map_or(0, |r| r.cycles_before) + cuts().count() as u32,
+        sent: before.map_or(0, |r| r.sent_before) + cuts().map(|c| c.sent).sum::<u64>(),
+        acked: before.map_or(0, |r| r.acked_before) + cuts().map(|c| c.acked).sum::<u64>(),
         lost_acked: seen.lost.len() as u64,
         checksum_failures: seen.faults.len() as u64,
         survivors: cycles.iter().map(|c| c.survivors).sum(),
@@ -396,13 +487,14 @@ pub fn run(
         recovery_ms_min: rmin,
         recovery_ms_median: rmed,
         recovery_ms_max: rmax,
-        cut_after_ms: cycles.iter().map(|c| c.cut_after_ms).collect(),
+        cut_after_ms: cuts().map(|c| c.cut_after_ms).collect(),
         passed: seen.lost.is_empty() && seen.faults.is_empty(),
     };
     Ok(RunReport {
         seed: o.seed,
         topic: o.topic.clone(),
         ledger: o.ledger.display().to_string(),
+        resumed,
         cycles,
         totals,
     })

@@ -10,10 +10,23 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e4).round() / 10.0
 }
 
+/// What a cycle of the report was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CycleKind {
+    /// A load, a cut, and the verification after it.
+    Cut,
+    /// The verification a resumed run starts with: no load and no cut, every acknowledgement
+    /// already on the ledger checked against the broker as the controller finds it.
+    Resume,
+}
+
 /// One cut and what the verification after it found.
 #[derive(Debug, Clone, Serialize)]
 pub struct CycleReport {
+    /// For a cut, its number in the run; for a resume, the last cycle the ledger had begun.
     pub cycle: u32,
+    pub kind: CycleKind,
     /// When the cut came, after the load started (drawn from the seed).
     pub cut_after_ms: f64,
     /// Records sent this cycle, including resends of the last cycle's unacknowledged ones.
@@ -34,17 +47,35 @@ pub struct CycleReport {
     pub duplicates: u64,
     /// Time the cut command took.
     pub cut_ms: f64,
-    /// From the start of the cut to the first TCP connection accepted.
+    /// From the start of the cut (of a resume: of the controller) to the first TCP connection
+    /// accepted.
     pub port_up_ms: f64,
-    /// From the start of the cut to the first Metadata answer with every partition led.
+    /// From the same start to the first Metadata answer with every partition led.
     pub metadata_ok_ms: f64,
     /// The broker's own recovery report, when the switch provides one.
     pub broker_report: Option<String>,
     /// The first few lost records and faults, for the human report.
     pub lost_examples: Vec<Lost>,
     pub fault_examples: Vec<Fault>,
-    /// A torn last ledger line was found and ignored (the controller itself crashed before).
+    /// A torn last ledger line was found and ignored (the controller itself crashed before); a
+    /// resume also cuts it off before appending.
     pub ledger_torn_tail: bool,
+}
+
+/// What the ledger of a resumed run held when this session began.
+#[derive(Debug, Clone, Serialize)]
+pub struct Resumed {
+    /// Cuts the ledger records (a ledger from before cycle marks: the highest cycle of its acks).
+    pub cycles_before: u32,
+    /// Records sent before, as the ledger records them; a cycle the controller stopped in before
+    /// its cut counts its acknowledged records only.
+    pub sent_before: u64,
+    /// Acknowledgements on the ledger (a torn last line not counted).
+    pub acked_before: u64,
+    /// The first cycle of this session: past every cycle the ledger or the broker knew of.
+    pub first_cycle: u32,
+    /// The seeds of the sessions before, in order (each session's cut moments).
+    pub seeds_before: Vec<u64>,
 }
 
 /// The whole run.
@@ -53,12 +84,16 @@ pub struct RunReport {
     pub seed: u64,
     pub topic: String,
     pub ledger: String,
+    /// Set when this session resumed an existing ledger.
+    pub resumed: Option<Resumed>,
     pub cycles: Vec<CycleReport>,
     pub totals: Totals,
 }
 
+/// The whole run: a resumed run's totals include what the ledger held before.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Totals {
+    /// Cuts over the whole run.
     pub cycles: u32,
     pub sent: u64,
     pub acked: u64,
@@ -71,7 +106,7 @@ pub struct Totals {
     pub recovery_ms_min: f64,
     pub recovery_ms_median: f64,
     pub recovery_ms_max: f64,
-    /// The cut moments, in order, for replaying with the same seed.
+    /// This session's cut moments, in order, for replaying with the same seed.
     pub cut_after_ms: Vec<f64>,
     pub passed: bool,
 }
@@ -87,7 +122,11 @@ pub(crate) fn round_ms(d: Duration) -> f64 {
 }
 
 pub(crate) fn recovery_spread(cycles: &[CycleReport]) -> (f64, f64, f64) {
-    let mut r: Vec<f64> = cycles.iter().map(|c| c.metadata_ok_ms).collect();
+    let mut r: Vec<f64> = cycles
+        .iter()
+        .filter(|c| c.kind == CycleKind::Cut)
+        .map(|c| c.metadata_ok_ms)
+        .collect();
     if r.is_empty() {
         return (0.0, 0.0, 0.0);
     }
@@ -97,6 +136,46 @@ pub(crate) fn recovery_spread(cycles: &[CycleReport]) -> (f64, f64, f64) {
 
 impl std::fmt::Display for CycleReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.kind == CycleKind::Resume {
+            write!(
+                f,
+                "resume after cycle {}: checked {} acks already on the ledger: lost-acked {}, checksum failures {}, survivors {}, duplicates {}; broker: port up {:.1} ms, metadata {:.1} ms after the controller started",
+                self.cycle,
+                self.checked,
+                self.lost_acked,
+                self.checksum_failures,
+                self.survivors,
+                self.duplicates,
+                self.port_up_ms,
+                self.metadata_ok_ms,
+            )?;
+        } else {
+            self.fmt_cut(f)?;
+        }
+        if let Some(r) = &self.broker_report {
+            write!(f, "\n  broker: {}", r.replace('\n', "\n  broker: "))?;
+        }
+        for l in &self.lost_examples {
+            write!(
+                f,
+                "\n  LOST {} at {}/{}: {}",
+                l.id, l.partition, l.offset, l.what
+            )?;
+        }
+        for x in &self.fault_examples {
+            write!(f, "\n  CHECKSUM {}/{}: {}", x.partition, x.offset, x.what)?;
+        }
+        if self.ledger_torn_tail && self.kind == CycleKind::Resume {
+            write!(f, "\n  ledger: a torn last line was ignored and cut off")?;
+        } else if self.ledger_torn_tail {
+            write!(f, "\n  ledger: a torn last line was ignored")?;
+        }
+        Ok(())
+    }
+}
+
+impl CycleReport {
+    fn fmt_cut(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
             "cycle {}: cut {:.0} ms into the load; sent {}, acked {}, unacked {}; checked {} acks: lost-acked {}, checksum failures {}, survivors {}, duplicates {}; recovery: port up {:.1} ms, metadata {:.1} ms after the cut (cut command {:.1} ms)",
@@ -113,24 +192,7 @@ impl std::fmt::Display for CycleReport {
             self.port_up_ms,
             self.metadata_ok_ms,
             self.cut_ms,
-        )?;
-        if let Some(r) = &self.broker_report {
-            write!(f, "\n  broker: {}", r.replace('\n', "\n  broker: "))?;
-        }
-        for l in &self.lost_examples {
-            write!(
-                f,
-                "\n  LOST {} at {}/{}: {}",
-                l.id, l.partition, l.offset, l.what
-            )?;
-        }
-        for x in &self.fault_examples {
-            write!(f, "\n  CHECKSUM {}/{}: {}", x.partition, x.offset, x.what)?;
-        }
-        if self.ledger_torn_tail {
-            write!(f, "\n  ledger: a torn last line was ignored")?;
-        }
-        Ok(())
+        )
     }
 }
 
@@ -146,6 +208,18 @@ impl std::fmt::Display for RunReport {
             self.topic,
             self.ledger
         )?;
+        if let Some(r) = &self.resumed {
+            let seeds: Vec<String> = r.seeds_before.iter().map(u64::to_string).collect();
+            writeln!(
+                f,
+                "  resumed: the ledger held {} acks from {} cycles ({} sent; seeds {}); this session ran from cycle {}",
+                r.acked_before,
+                r.cycles_before,
+                r.sent_before,
+                seeds.join(" "),
+                r.first_cycle
+            )?;
+        }
         writeln!(
             f,
             "  sent {}, acked {}, lost-acked {}, checksum failures {}, survivors {}, duplicates {}",
@@ -159,7 +233,7 @@ impl std::fmt::Display for RunReport {
         let moments: Vec<String> = t.cut_after_ms.iter().map(|m| format!("{m:.0}")).collect();
         write!(
             f,
-            "  cut moments (ms into each cycle's load): {}",
+            "  cut moments (ms into each cycle's load, this session): {}",
             moments.join(" ")
         )
     }

@@ -150,6 +150,9 @@ pub struct Verdict {
     pub survivors: BTreeSet<RecordId>,
     /// Records present at more than one offset, with every offset.
     pub duplicates: BTreeMap<RecordId, Vec<Position>>,
+    /// The highest cycle of any sound record of the run served (acknowledged or not): a resumed
+    /// run numbers its cycles past it, so that no new id meets an old one.
+    pub highest_cycle: u32,
 }
 
 /// Checks every ledger entry bit-exact against the scan, every served record against its own
@@ -192,6 +195,7 @@ pub fn judge(ledger: &Contents, scan: &Scan) -> Verdict {
             });
         }
     }
+    v.highest_cycle = found.keys().map(|id| id.cycle).max().unwrap_or(0);
     for (id, mut at) in found {
         if !acked.contains(&id) {
             v.survivors.insert(id);
@@ -261,7 +265,10 @@ mod tests {
                 body_len: BODY,
             },
             entries,
+            starts: Vec::new(),
+            cuts: Vec::new(),
             torn_tail: false,
+            good_len: 0,
         }
     }
 
@@ -285,6 +292,7 @@ mod tests {
         assert!(v.lost.is_empty() && v.faults.is_empty(), "{v:?}");
         assert_eq!(v.survivors, BTreeSet::from([id(3)]));
         assert_eq!(v.duplicates.get(&id(3)), Some(&vec![(0, 2), (0, 3)]));
+        assert_eq!(v.highest_cycle, 1);
     }
 
     #[test]
