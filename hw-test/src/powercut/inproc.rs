@@ -88,6 +88,12 @@ impl SimBroker {
     pub fn handle(&self) -> &SimHandle {
         &self.handle
     }
+
+    /// The flush mode the broker recovers with at its next power-on (a test turns a sound broker
+    /// into one that acknowledges before flushing, mid-run).
+    pub fn set_flush(&mut self, flush: FlushMode) {
+        self.cfg.flush = flush;
+    }
 }
 
 /// Recovers the log on `dev` and serves it on 127.0.0.1:`port` (0: any free port).
