@@ -43,13 +43,17 @@ fn options(broker: &SimBroker, name: &str, seed: u64, cycles: u32) -> RigOptions
     o
 }
 
-fn run(flush: FlushMode, name: &str, seed: u64, cycles: u32) -> RunReport {
-    let mut broker = SimBroker::start(SimBrokerConfig {
+fn sim(seed: u64, flush: FlushMode) -> SimBroker {
+    SimBroker::start(SimBrokerConfig {
         seed,
         flush,
         ..SimBrokerConfig::default()
     })
-    .expect("sim broker");
+    .expect("sim broker")
+}
+
+fn run(flush: FlushMode, name: &str, seed: u64, cycles: u32) -> RunReport {
+    let mut broker = sim(seed, flush);
     let o = options(&broker, name, seed, cycles);
     let report = powercut::run(&o, &mut broker, |c| eprintln!("{c}"))
         .unwrap_or_else(|e| panic!("seed {seed}: the rig could not run: {e}"));
@@ -293,6 +297,18 @@ fn resumed(o: &RigOptions, seed: u64, cycles: u32) -> RigOptions {
     r
 }
 
+/// A sound sim broker, and a first run of `cycles` cuts on it that passed.
+fn first_part(name: &str, seed: u64, cycles: u32) -> (SimBroker, RigOptions, RunReport) {
+    let mut broker = sim(seed, FlushMode::Always);
+    let o = options(&broker, name, seed, cycles);
+    let r = powercut::run(&o, &mut broker, |c| eprintln!("{c}"))
+        .unwrap_or_else(|e| panic!("seed {seed}: part 1 could not run: {e}"));
+    eprintln!("{r}");
+    assert!(r.passed(), "seed {seed}: {r}");
+    assert!(r.resumed.is_none());
+    (broker, o, r)
+}
+
 fn ids_are_unique(l: &ledger::Contents) -> bool {
     let ids: HashSet<_> = l.entries.iter().map(|e| e.id).collect();
     ids.len() == l.entries.len()
@@ -301,27 +317,15 @@ fn ids_are_unique(l: &ledger::Contents) -> bool {
 #[test]
 fn a_stopped_run_resumes_from_its_ledger_and_every_ack_is_checked() {
     let seed = seed(404);
-    let broker = SimBroker::start(SimBrokerConfig {
-        seed,
-        ..SimBrokerConfig::default()
-    })
-    .expect("sim broker");
-    let o = options(&broker, "resume", seed, 3);
+    // Part 1: three cuts, then the controller returns.
+    let (broker, o, r1) = first_part("resume", seed, 3);
     let mut switch = HookFailsAfter {
         inner: broker,
-        cuts: u32::MAX,
+        cuts: 1,
     };
-
-    // Part 1: three cuts, then the controller returns.
-    let r1 = powercut::run(&o, &mut switch, |c| eprintln!("{c}"))
-        .unwrap_or_else(|e| panic!("seed {seed}: part 1 could not run: {e}"));
-    eprintln!("{r1}");
-    assert!(r1.passed(), "seed {seed}");
-    assert!(r1.resumed.is_none());
 
     // Part 2, another seed: resumed, one cut, then the cut hook fails in the next cycle with the
     // load running (its acks so far are on the ledger, its cycle never cut).
-    switch.cuts = 1;
     let mut part2 = Vec::new();
     let mut o2 = resumed(&o, seed + 1, 3);
     // Late enough in the load that the cycle the controller stops in has acks on the ledger.
@@ -330,7 +334,7 @@ fn a_stopped_run_resumes_from_its_ledger_and_every_ack_is_checked() {
         eprintln!("{c}");
         part2.push(c.clone());
     });
-    let e = stopped.err().expect("the failing hook stops the run");
+    let e = stopped.expect_err("the failing hook stops the run");
     assert!(e.to_string().contains("killed after hanging"), "{e}");
     let kinds: Vec<_> = part2.iter().map(|c| (c.kind, c.cycle)).collect();
     assert_eq!(
@@ -511,15 +515,7 @@ fn a_loss_after_the_resume_is_still_caught() {
     // The first part runs on a sound broker; from the resumed part's first cut on, the broker
     // acknowledges before flushing, and the cuts after must show acks of the new cycles lost.
     let seed = seed(31);
-    let mut broker = SimBroker::start(SimBrokerConfig {
-        seed,
-        ..SimBrokerConfig::default()
-    })
-    .expect("sim broker");
-    let o = options(&broker, "resume-loss", seed, 2);
-    let r1 = powercut::run(&o, &mut broker, |c| eprintln!("{c}"))
-        .unwrap_or_else(|e| panic!("seed {seed}: part 1 could not run: {e}"));
-    assert!(r1.passed(), "seed {seed}: {r1}");
+    let (mut broker, o, _) = first_part("resume-loss", seed, 2);
 
     broker.set_flush(FlushMode::Never);
     let r = powercut::run(&resumed(&o, seed + 1, 4), &mut broker, |c| eprintln!("{c}"))
@@ -606,14 +602,7 @@ fn the_cli_resumes_and_reports_a_broker_that_lost_everything() {
 #[test]
 fn a_ledger_from_before_the_cycle_marks_resumes() {
     let seed = seed(58);
-    let mut broker = SimBroker::start(SimBrokerConfig {
-        seed,
-        ..SimBrokerConfig::default()
-    })
-    .expect("sim broker");
-    let o = options(&broker, "resume-old", seed, 2);
-    let r1 = powercut::run(&o, &mut broker, |c| eprintln!("{c}"))
-        .unwrap_or_else(|e| panic!("seed {seed}: part 1 could not run: {e}"));
+    let (mut broker, o, r1) = first_part("resume-old", seed, 2);
     // What an older controller wrote: the header and the acks, no cycle marks.
     let text = std::fs::read_to_string(&o.ledger).expect("ledger");
     let old: String = text

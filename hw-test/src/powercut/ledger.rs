@@ -101,6 +101,15 @@ fn entry_line(e: &Entry) -> String {
     ))
 }
 
+fn io_error(path: &Path, op: &'static str) -> impl Fn(std::io::Error) -> LedgerError {
+    let path = path.to_path_buf();
+    move |source| LedgerError::Io {
+        op,
+        path: path.clone(),
+        source,
+    }
+}
+
 fn start_line(m: &CycleStart) -> String {
     seal(&format!("cycle {} seed {}", m.cycle, m.seed))
 }
@@ -110,33 +119,37 @@ fn cut_line(m: &CycleCut) -> String {
 }
 
 impl Ledger {
-    /// Creates a new ledger (refusing an existing file) and makes its header durable.
-    pub fn create(path: &Path, header: &Header) -> Result<Ledger, LedgerError> {
-        let io = |op, source| LedgerError::Io {
-            op,
-            path: path.to_path_buf(),
-            source,
-        };
+    /// Opens the file at `path` to append: a new one (refusing an existing file), or an existing
+    /// one (refusing a missing file).
+    fn open(path: &Path, new: bool) -> Result<Ledger, LedgerError> {
         let file = OpenOptions::new()
             .append(true)
-            .create_new(true)
+            .create_new(new)
             .open(path)
             .map_err(|e| match e.kind() {
                 std::io::ErrorKind::AlreadyExists => LedgerError::Exists {
                     path: path.to_path_buf(),
                 },
-                _ => io("creating", e),
+                std::io::ErrorKind::NotFound if !new => LedgerError::Missing {
+                    path: path.to_path_buf(),
+                },
+                _ => io_error(path, if new { "creating" } else { "opening to append" })(e),
             })?;
-        let mut l = Ledger {
+        Ok(Ledger {
             file,
             path: path.to_path_buf(),
-        };
+        })
+    }
+
+    /// Creates a new ledger (refusing an existing file) and makes its header durable.
+    pub fn create(path: &Path, header: &Header) -> Result<Ledger, LedgerError> {
+        let mut l = Ledger::open(path, true)?;
         l.write(header_line(header).as_bytes())?;
         // The new name must survive too: sync the directory that holds it.
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             File::open(dir)
                 .and_then(|d| d.sync_all())
-                .map_err(|e| io("syncing its directory", e))?;
+                .map_err(io_error(path, "syncing its directory"))?;
         }
         Ok(l)
     }
@@ -144,24 +157,9 @@ impl Ledger {
     /// Opens a ledger read as `read` found it, to append to it. A torn last line is cut off
     /// first (it was never counted, and entries after it would turn it into corruption).
     pub fn resume(path: &Path, read: &Contents) -> Result<Ledger, LedgerError> {
-        let io = |op, source| LedgerError::Io {
-            op,
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = OpenOptions::new()
-            .append(true)
-            .open(path)
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => LedgerError::Missing {
-                    path: path.to_path_buf(),
-                },
-                _ => io("opening to append", e),
-            })?;
-        let len = file
-            .metadata()
-            .map_err(|e| io("reading its length", e))?
-            .len();
+        let l = Ledger::open(path, false)?;
+        let io = |op| io_error(path, op);
+        let len = l.file.metadata().map_err(io("reading its length"))?.len();
         if len < read.good_len {
             return Err(LedgerError::Shrunk {
                 path: path.to_path_buf(),
@@ -170,25 +168,20 @@ impl Ledger {
             });
         }
         if len > read.good_len {
-            file.set_len(read.good_len)
-                .map_err(|e| io("cutting off the torn last line", e))?;
-            file.sync_all()
-                .map_err(|e| io("syncing after cutting the torn last line", e))?;
+            l.file
+                .set_len(read.good_len)
+                .map_err(io("cutting off the torn last line"))?;
+            l.file
+                .sync_all()
+                .map_err(io("syncing after cutting the torn last line"))?;
         }
-        Ok(Ledger {
-            file,
-            path: path.to_path_buf(),
-        })
+        Ok(l)
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<(), LedgerError> {
-        let io = |op, source| LedgerError::Io {
-            op,
-            path: self.path.clone(),
-            source,
-        };
-        self.file.write_all(bytes).map_err(|e| io("appending", e))?;
-        self.file.sync_data().map_err(|e| io("fdatasync", e))
+        let io = |op| io_error(&self.path, op);
+        self.file.write_all(bytes).map_err(io("appending"))?;
+        self.file.sync_data().map_err(io("fdatasync"))
     }
 
     /// Appends entries and waits until they are on the controller's disk.

@@ -136,22 +136,33 @@ pub(crate) fn recovery_spread(cycles: &[CycleReport]) -> (f64, f64, f64) {
 
 impl std::fmt::Display for CycleReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.kind == CycleKind::Resume {
-            write!(
-                f,
-                "resume after cycle {}: checked {} acks already on the ledger: lost-acked {}, checksum failures {}, survivors {}, duplicates {}; broker: port up {:.1} ms, metadata {:.1} ms after the controller started",
-                self.cycle,
-                self.checked,
-                self.lost_acked,
-                self.checksum_failures,
-                self.survivors,
-                self.duplicates,
-                self.port_up_ms,
-                self.metadata_ok_ms,
-            )?;
-        } else {
-            self.fmt_cut(f)?;
-        }
+        let (head, tail) = match self.kind {
+            CycleKind::Resume => (
+                format!(
+                    "resume after cycle {}: checked {} acks already on the ledger",
+                    self.cycle, self.checked
+                ),
+                format!(
+                    "broker: port up {:.1} ms, metadata {:.1} ms after the controller started",
+                    self.port_up_ms, self.metadata_ok_ms
+                ),
+            ),
+            CycleKind::Cut => (
+                format!(
+                    "cycle {}: cut {:.0} ms into the load; sent {}, acked {}, unacked {}; checked {} acks",
+                    self.cycle, self.cut_after_ms, self.sent, self.acked, self.unacked, self.checked
+                ),
+                format!(
+                    "recovery: port up {:.1} ms, metadata {:.1} ms after the cut (cut command {:.1} ms)",
+                    self.port_up_ms, self.metadata_ok_ms, self.cut_ms
+                ),
+            ),
+        };
+        write!(
+            f,
+            "{head}: lost-acked {}, checksum failures {}, survivors {}, duplicates {}; {tail}",
+            self.lost_acked, self.checksum_failures, self.survivors, self.duplicates
+        )?;
         if let Some(r) = &self.broker_report {
             write!(f, "\n  broker: {}", r.replace('\n', "\n  broker: "))?;
         }
@@ -171,28 +182,6 @@ impl std::fmt::Display for CycleReport {
             write!(f, "\n  ledger: a torn last line was ignored")?;
         }
         Ok(())
-    }
-}
-
-impl CycleReport {
-    fn fmt_cut(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "cycle {}: cut {:.0} ms into the load; sent {}, acked {}, unacked {}; checked {} acks: lost-acked {}, checksum failures {}, survivors {}, duplicates {}; recovery: port up {:.1} ms, metadata {:.1} ms after the cut (cut command {:.1} ms)",
-            self.cycle,
-            self.cut_after_ms,
-            self.sent,
-            self.acked,
-            self.unacked,
-            self.checked,
-            self.lost_acked,
-            self.checksum_failures,
-            self.survivors,
-            self.duplicates,
-            self.port_up_ms,
-            self.metadata_ok_ms,
-            self.cut_ms,
-        )
     }
 }
 
