@@ -49,6 +49,8 @@ pub enum LedgerError {
     },
     #[error("ledger {path} exists already (each run starts a ledger of its own; resuming continues the run it holds)")]
     Exists { path: PathBuf },
+    #[error("ledger {path} is held by another controller (it has the file locked); one controller per run")]
+    Busy { path: PathBuf },
     #[error("ledger {path} does not exist: there is no run to resume or check")]
     Missing { path: PathBuf },
     #[error("ledger {path} holds {len} bytes, fewer than the {good} read before resuming: another writer?")]
@@ -135,6 +137,14 @@ impl Ledger {
                 },
                 _ => io_error(path, if new { "creating" } else { "opening to append" })(e),
             })?;
+        // Held while this controller appends (released when the file closes, also when the
+        // controller dies): two controllers appending to one ledger would interleave their runs.
+        file.try_lock().map_err(|e| match e {
+            std::fs::TryLockError::WouldBlock => LedgerError::Busy {
+                path: path.to_path_buf(),
+            },
+            std::fs::TryLockError::Error(e) => io_error(path, "locking")(e),
+        })?;
         Ok(Ledger {
             file,
             path: path.to_path_buf(),
@@ -382,6 +392,22 @@ mod tests {
             len: 77,
             hash: 0xdead_beef,
         }
+    }
+
+    #[test]
+    fn a_ledger_in_use_cannot_be_resumed_by_a_second_controller() {
+        let p = dir("ledger-busy").join("ledger");
+        let mut first = Ledger::create(&p, &header()).expect("create");
+        first.append(&[entry(0)]).expect("append");
+        let c = read(&p).expect("read");
+        assert!(matches!(
+            Ledger::resume(&p, &c),
+            Err(LedgerError::Busy { .. })
+        ));
+        drop(first);
+        let mut second = Ledger::resume(&p, &c).expect("resume once the first is gone");
+        second.append(&[entry(1)]).expect("append");
+        assert_eq!(read(&p).expect("read").entries, vec![entry(0), entry(1)]);
     }
 
     #[test]
