@@ -71,11 +71,17 @@ pub fn io_uring_support() -> Result<(), String> {
     }
 }
 
+#[cfg(target_os = "linux")]
+fn uring(ring: Ring) -> Io {
+    Io::Uring(Box::new(ring))
+}
+
 /// The engine a device runs.
 pub(super) enum Io {
     Threads(Pool),
+    /// Boxed: the ring is several times the size of the pool's handles.
     #[cfg(target_os = "linux")]
-    Uring(Ring),
+    Uring(Box<Ring>),
 }
 
 impl Io {
@@ -89,7 +95,7 @@ impl Io {
         match opts.engine {
             Engine::Threads => threads(file),
             #[cfg(target_os = "linux")]
-            Engine::IoUring => Ring::start(file, block_size, opts.queue_depth).map(Io::Uring),
+            Engine::IoUring => Ring::start(file, block_size, opts.queue_depth).map(uring),
             #[cfg(target_os = "linux")]
             Engine::Auto => {
                 // The ring takes the file only when it is set up, so a duplicate is tried first;
@@ -98,7 +104,7 @@ impl Io {
                     .try_clone()
                     .map_err(|e| format!("cannot duplicate the file descriptor: {e}"))?;
                 match Ring::start(probe, block_size, opts.queue_depth) {
-                    Ok(ring) => Ok(Io::Uring(ring)),
+                    Ok(ring) => Ok(uring(ring)),
                     Err(_) => threads(file),
                 }
             }
