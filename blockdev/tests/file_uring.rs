@@ -7,7 +7,7 @@
 
 mod file_support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -54,6 +54,18 @@ fn write_block(dev: &mut FileDevice, lba: u64, data: &[u8]) {
 fn read_block(dev: &mut FileDevice, lba: u64, len: usize) -> Vec<u8> {
     let b = dev.alloc_buffer(len).unwrap();
     read_sync(dev, lba, b).unwrap().to_vec()
+}
+
+/// A scratch file of `size` bytes and an io_uring device on it, or `None` when io_uring is expected
+/// to be missing (see [`io_uring_or_skip`]).
+fn uring_device(test: &str, size: u64) -> Option<(tempfile::TempDir, PathBuf, FileDevice)> {
+    if !io_uring_or_skip(test) {
+        return None;
+    }
+    let dir = scratch();
+    let p = plain_file(dir.path(), "dev", size);
+    let dev = FileDevice::open(&p, opts(Engine::IoUring)).unwrap();
+    Some((dir, p, dev))
 }
 
 #[test]
@@ -111,10 +123,12 @@ fn a_ring_that_cannot_be_set_up_is_named_and_auto_falls_back_to_threads() {
         fail_next_io_uring_setup(errno);
         let mut dev = FileDevice::open(&p, opts(Engine::Auto)).unwrap();
         assert_eq!(dev.engine(), Engine::Threads);
+        let words = &dev.info().engine;
         assert!(
-            dev.info().engine.starts_with("threads"),
-            "{}",
-            dev.info().engine
+            words.starts_with(
+                "threads (4 I/O threads; io_uring unavailable: cannot set up io_uring"
+            ) && words.contains(why),
+            "{words}"
         );
         write_block(&mut dev, 3, &pattern(errno as u8, 4096));
         assert_eq!(read_block(&mut dev, 3, 4096), pattern(errno as u8, 4096));
@@ -205,12 +219,11 @@ fn drop_with_io_in_flight_waits_for_the_kernel() {
 /// engine after the device is closed.
 #[test]
 fn a_flush_after_delivered_writes_covers_them() {
-    if !io_uring_or_skip("a_flush_after_delivered_writes_covers_them") {
+    let Some((_dir, p, mut dev)) =
+        uring_device("a_flush_after_delivered_writes_covers_them", 4 << 20)
+    else {
         return;
-    }
-    let dir = scratch();
-    let p = plain_file(dir.path(), "dev", 4 << 20);
-    let mut dev = FileDevice::open(&p, opts(Engine::IoUring)).unwrap();
+    };
     let per = 8192 / block_size(&dev);
     for k in 0..8u64 {
         let mut b = dev.alloc_buffer(8192).unwrap();
@@ -335,12 +348,12 @@ fn both_engines_fail_the_same_way() {
 /// the failed write-back.
 #[test]
 fn flushes_completing_after_a_failed_flush_report_stopped() {
-    if !io_uring_or_skip("flushes_completing_after_a_failed_flush_report_stopped") {
+    let Some((_dir, _p, mut dev)) = uring_device(
+        "flushes_completing_after_a_failed_flush_report_stopped",
+        1 << 20,
+    ) else {
         return;
-    }
-    let dir = scratch();
-    let p = plain_file(dir.path(), "dev", 1 << 20);
-    let mut dev = FileDevice::open(&p, opts(Engine::IoUring)).unwrap();
+    };
     write_block(&mut dev, 0, &pattern(7, 4096));
     dev.inject_flush_failure(libc::EIO);
     for tag in 0..4 {

@@ -85,17 +85,24 @@ pub(super) enum Io {
 }
 
 impl Io {
-    /// Starts the engine `opts` asks for; the error is the reason in words.
-    pub fn start(file: File, block_size: u64, opts: &FileOptions) -> Result<Io, String> {
+    /// Starts the engine `opts` asks for, with why `Auto` fell back to the threads if it did; the
+    /// error is the reason in words.
+    pub fn start(
+        file: File,
+        block_size: u64,
+        opts: &FileOptions,
+    ) -> Result<(Io, Option<String>), String> {
         let threads = |file: File| {
             Pool::start(file, block_size, opts.io_threads, opts.queue_depth)
                 .map(Io::Threads)
                 .map_err(|e| format!("cannot start the I/O threads: {e}"))
         };
         match opts.engine {
-            Engine::Threads => threads(file),
+            Engine::Threads => threads(file).map(|io| (io, None)),
             #[cfg(target_os = "linux")]
-            Engine::IoUring => Ring::start(file, block_size, opts.queue_depth).map(uring),
+            Engine::IoUring => {
+                Ring::start(file, block_size, opts.queue_depth).map(|r| (uring(r), None))
+            }
             #[cfg(target_os = "linux")]
             Engine::Auto => {
                 // The ring takes the file only when it is set up, so a duplicate is tried first;
@@ -104,14 +111,14 @@ impl Io {
                     .try_clone()
                     .map_err(|e| format!("cannot duplicate the file descriptor: {e}"))?;
                 match Ring::start(probe, block_size, opts.queue_depth) {
-                    Ok(ring) => Ok(uring(ring)),
-                    Err(_) => threads(file),
+                    Ok(ring) => Ok((uring(ring), None)),
+                    Err(why) => threads(file).map(|io| (io, Some(why))),
                 }
             }
             #[cfg(not(target_os = "linux"))]
             Engine::IoUring => Err("cannot use io_uring: it needs Linux".into()),
             #[cfg(not(target_os = "linux"))]
-            Engine::Auto => threads(file),
+            Engine::Auto => threads(file).map(|io| (io, Some("io_uring needs Linux".into()))),
         }
     }
 
@@ -123,10 +130,16 @@ impl Io {
         }
     }
 
-    /// For [`DeviceInfo::engine`](crate::DeviceInfo::engine).
-    pub fn describe(&self, io_threads: usize) -> String {
+    /// For [`DeviceInfo::engine`](crate::DeviceInfo::engine); `fallback` is why `Auto` did not
+    /// get io_uring.
+    pub fn describe(&self, io_threads: usize, fallback: Option<&str>) -> String {
         match self {
-            Io::Threads(_) => format!("threads ({io_threads} I/O threads)"),
+            Io::Threads(_) => match fallback {
+                None => format!("threads ({io_threads} I/O threads)"),
+                Some(why) => {
+                    format!("threads ({io_threads} I/O threads; io_uring unavailable: {why})")
+                }
+            },
             #[cfg(target_os = "linux")]
             Io::Uring(ring) => format!("io_uring (ring of {})", ring.depth()),
         }

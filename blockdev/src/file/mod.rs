@@ -37,11 +37,13 @@ use threads::{Request, Submit};
 /// How a [`FileDevice`] is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileOptions {
-    /// Number of I/O threads. More than one, so that a write overlaps a running `fdatasync`; a few
-    /// more let reads and several batch writes run side by side. Must be at least 1.
+    /// Number of I/O threads of the threads engine ([`Engine::Threads`], or `Auto` without
+    /// io_uring). More than one, so that a write overlaps a running `fdatasync`; a few more let
+    /// reads and several batch writes run side by side. Must be at least 1 (checked whatever the
+    /// engine, so that `Auto` can always fall back).
     pub io_threads: usize,
-    /// How many I/Os may be outstanding at once (submitted and not yet returned by `poll`/`wait`).
-    /// Must be at least 1.
+    /// How many I/Os may be outstanding at once (submitted and not yet returned by `poll`/`wait`);
+    /// with io_uring also the ring's size. Must be at least 1.
     pub queue_depth: usize,
     /// Open with `O_DIRECT` (`F_NOCACHE` on macOS). Turn it off only for file systems that refuse
     /// direct I/O (tmpfs on older kernels); writes then go through the page cache, and flushes
@@ -70,9 +72,11 @@ impl Default for FileOptions {
 
 /// A [`BlockDevice`] over a regular file or a block device node.
 ///
-/// Dropping it stops and joins its I/O threads: requests still queued are carried out first and
-/// their completions discarded (their buffers freed), so a drop never panics and never leaves a
-/// thread writing to a file that the caller believes closed.
+/// Dropping it waits for the I/O it holds: the threads engine stops and joins its threads after
+/// they carried out the requests still queued; the io_uring engine waits for the CQE of every I/O
+/// in the ring. Completions are discarded (their buffers freed only then), so a drop never panics,
+/// never frees memory the kernel may still use, and never leaves I/O running on a file that the
+/// caller believes closed.
 pub struct FileDevice {
     info: DeviceInfo,
     direct: bool,
@@ -125,8 +129,8 @@ impl FileDevice {
         }
         let mut opened = open::open_device(path, opts.direct, opts.read_only, lock)?;
         let logical = u64::from(opened.info.logical_block_size);
-        let io = Io::start(opened.file, logical, &opts).map_err(open_err)?;
-        opened.info.engine = io.describe(opts.io_threads);
+        let (io, fallback) = Io::start(opened.file, logical, &opts).map_err(open_err)?;
+        opened.info.engine = io.describe(opts.io_threads, fallback.as_deref());
         let queue_depth = io.depth().unwrap_or(opts.queue_depth);
         let buffer_align = (opened.info.logical_block_size as usize)
             .max(4096)

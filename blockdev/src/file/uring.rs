@@ -162,21 +162,19 @@ impl Ring {
             (Op::Flush, _) => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
-            (Op::Write, Some(buf)) if done < buf.len() => {
+            (Op::Write | Op::Read, Some(buf)) if done < buf.len() => {
                 let at = offset(op, lba, self.block_size)? + done as u64;
                 // `done < len <= max_transfer`, which is a u32, and the pointer stays inside the
                 // buffer.
-                let ptr = buf.as_ptr().wrapping_add(done);
-                opcode::Write::new(fd, ptr, (buf.len() - done) as u32)
-                    .offset(at)
-                    .build()
-            }
-            (Op::Read, Some(buf)) if done < buf.len() => {
-                let at = offset(op, lba, self.block_size)? + done as u64;
+                let len = (buf.len() - done) as u32;
                 let ptr = buf.as_mut_ptr().wrapping_add(done);
-                opcode::Read::new(fd, ptr, (buf.len() - done) as u32)
-                    .offset(at)
-                    .build()
+                if op == Op::Write {
+                    opcode::Write::new(fd, ptr.cast_const(), len)
+                        .offset(at)
+                        .build()
+                } else {
+                    opcode::Read::new(fd, ptr, len).offset(at).build()
+                }
             }
             _ => return Err(internal(op, lba, "request without a buffer to transfer")),
         };
