@@ -343,6 +343,12 @@ fn the_file_engine_is_chosen_in_the_device_spec_and_reported() {
             "{engine}"
         );
     }
+    let r = nvmq(&["inspect", "--device", &dev("threads")]);
+    assert_eq!(r.code, 0, "{r}");
+    assert!(
+        r.stdout.contains("; I/O engine threads (4 I/O threads))"),
+        "{r}"
+    );
     let r = nvmq(&["format", "--device", &dev("fast"), "--force"]);
     assert_eq!(r.code, 1, "{r}");
     assert!(
