@@ -54,6 +54,9 @@ pub struct DeviceInfo {
     /// The device's own health report when it has one (NVMe SMART: critical warning, failed
     /// power-loss protection, media errors); empty otherwise.
     pub health: String,
+    /// How the backend carries out I/O, for reports: for the file backend `io_uring (ring of N)`
+    /// or `threads (N I/O threads)` (see [`file::Engine`]); empty for backends with one way.
+    pub engine: String,
 }
 
 impl DeviceInfo {

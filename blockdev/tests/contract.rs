@@ -1,5 +1,5 @@
 //! The device contract suite (`blockdev::contract`) on every backend of this crate: the file
-//! device (direct, buffered, a queue of two), the sim (with and without power-loss protection,
+//! device on each engine (direct, buffered, a queue of two), the sim (with and without power-loss protection,
 //! 512-byte blocks, a virtual clock with latency), and the NVMe driver against the software
 //! controller. `nvme-check` runs the same suite on real NVMe.
 
@@ -8,10 +8,10 @@ mod file_support;
 use std::time::Duration;
 
 use blockdev::contract::{self, CheckResult, DeviceFactory, FileFactory, SimFactory, CHECKS};
-use blockdev::file::{FileDevice, FileOptions};
+use blockdev::file::{Engine, FileDevice, FileOptions};
 use blockdev::sim::{Latency, SimClock, SimConfig};
 use blockdev::BlockDevice;
-use file_support::{plain_file, scratch};
+use file_support::{io_uring_or_skip, plain_file, scratch};
 
 fn assert_conforms(what: &str, results: &[CheckResult]) {
     let failed = contract::failures(results);
@@ -40,9 +40,24 @@ fn file_suite(size: u64, options: FileOptions) {
     assert_suite_passes(&format!("the file device {options:?}"), &mut f);
 }
 
+fn threads() -> FileOptions {
+    FileOptions {
+        engine: Engine::Threads,
+        ..FileOptions::default()
+    }
+}
+
+/// io_uring options, or `None` (after a loud notice) when io_uring is expected to be missing.
+fn uring(test: &str) -> Option<FileOptions> {
+    io_uring_or_skip(test).then(|| FileOptions {
+        engine: Engine::IoUring,
+        ..FileOptions::default()
+    })
+}
+
 #[test]
 fn file_device_direct() {
-    file_suite(8 << 20, FileOptions::default());
+    file_suite(8 << 20, threads());
 }
 
 #[test]
@@ -51,7 +66,7 @@ fn file_device_buffered() {
         4 << 20,
         FileOptions {
             direct: false,
-            ..FileOptions::default()
+            ..threads()
         },
     );
 }
@@ -63,9 +78,36 @@ fn file_device_with_a_queue_of_two() {
         FileOptions {
             queue_depth: 2,
             io_threads: 2,
-            ..FileOptions::default()
+            ..threads()
         },
     );
+}
+
+#[test]
+fn file_device_io_uring_direct() {
+    if let Some(o) = uring("file_device_io_uring_direct") {
+        file_suite(8 << 20, o);
+    }
+}
+
+#[test]
+fn file_device_io_uring_buffered() {
+    if let Some(o) = uring("file_device_io_uring_buffered") {
+        file_suite(4 << 20, FileOptions { direct: false, ..o });
+    }
+}
+
+#[test]
+fn file_device_io_uring_with_a_queue_of_two() {
+    if let Some(o) = uring("file_device_io_uring_with_a_queue_of_two") {
+        file_suite(
+            1 << 20,
+            FileOptions {
+                queue_depth: 2,
+                ..o
+            },
+        );
+    }
 }
 
 /// The checks work through `Box<dyn BlockDevice>`, as the broker holds its device.

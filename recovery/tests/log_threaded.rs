@@ -1,11 +1,15 @@
-//! The threaded `Log` (writer thread + producers over the channel) on the sim and file devices:
-//! concurrent appends, spans, reopen, the relaxed flush modes and `on_full = refuse`.
+//! The threaded `Log` (writer thread + producers over the channel) on the sim and file devices
+//! (both file engines: I/O threads and io_uring): concurrent appends, spans, reopen, the relaxed
+//! flush modes and `on_full = refuse`.
+//!
+//! Without io_uring the io_uring variants fail, naming the reason, unless `NVMQ_NO_IO_URING=1`
+//! says that is expected (then they print a loud notice and skip).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use blockdev::file::{FileDevice, FileOptions};
+use blockdev::file::{Engine, FileDevice, FileOptions};
 use blockdev::sim::{Latency, SimConfig, SimDevice, SimHandle};
 use blockdev::BlockDevice;
 use nvmq_log::config::{FlushMode, FormatOptions, LogConfig, OnFull};
@@ -43,9 +47,63 @@ fn payload(producer: usize, i: usize) -> Vec<u8> {
     format!("producer {producer} record {i}").into_bytes()
 }
 
+/// File options for `engine`, or `None` (after a loud notice) when the io_uring engine is asked
+/// for, io_uring is unavailable and `NVMQ_NO_IO_URING=1` says that is expected.
+fn file_options(test: &str, engine: Engine) -> Option<FileOptions> {
+    if engine != Engine::Threads {
+        match blockdev::file::io_uring_support() {
+            Ok(()) => {}
+            Err(why) if std::env::var("NVMQ_NO_IO_URING").as_deref() == Ok("1") => {
+                eprintln!(
+                    "!!! {test}: SKIPPED, io_uring is unavailable ({why}), NVMQ_NO_IO_URING=1"
+                );
+                return None;
+            }
+            Err(why) => {
+                panic!("{test}: io_uring is unavailable: {why} (NVMQ_NO_IO_URING=1 if expected)")
+            }
+        }
+    }
+    Some(FileOptions {
+        engine,
+        ..FileOptions::default()
+    })
+}
+
 #[test]
 fn concurrent_producers_get_every_offset_once_and_read_back_what_they_sent() {
     let (dev, _h) = sim(11, 64 * MIB);
+    concurrent_producers(dev);
+}
+
+fn concurrent_producers_on_a_file(test: &str, engine: Engine) {
+    let Some(opts) = file_options(test, engine) else {
+        return;
+    };
+    let dir = tempdir();
+    let dev = FileDevice::create(&dir.join("log.img"), 64 * MIB, opts, |_| Ok(())).expect("create");
+    assert_eq!(dev.engine(), engine);
+    concurrent_producers(dev);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn concurrent_producers_on_the_file_device_with_io_threads() {
+    concurrent_producers_on_a_file(
+        "concurrent_producers_on_the_file_device_with_io_threads",
+        Engine::Threads,
+    );
+}
+
+#[test]
+fn concurrent_producers_on_the_file_device_with_io_uring() {
+    concurrent_producers_on_a_file(
+        "concurrent_producers_on_the_file_device_with_io_uring",
+        Engine::IoUring,
+    );
+}
+
+fn concurrent_producers<D: BlockDevice + 'static>(dev: D) {
     let log = Arc::new(start(
         dev,
         Some(&FormatOptions::default()),
@@ -97,11 +155,23 @@ fn concurrent_producers_get_every_offset_once_and_read_back_what_they_sent() {
 }
 
 #[test]
-fn spans_take_offsets_and_survive_reopen_on_the_file_device() {
+fn spans_take_offsets_and_survive_reopen_on_the_file_device_with_io_threads() {
+    spans_on_a_file("spans_..._with_io_threads", Engine::Threads);
+}
+
+#[test]
+fn spans_take_offsets_and_survive_reopen_on_the_file_device_with_io_uring() {
+    spans_on_a_file("spans_..._with_io_uring", Engine::IoUring);
+}
+
+fn spans_on_a_file(test: &str, engine: Engine) {
+    let Some(opts) = file_options(test, engine) else {
+        return;
+    };
     let dir = tempdir();
     let path = dir.join("log.img");
     let fmt = FormatOptions::default();
-    let dev = FileDevice::create(&path, 64 * MIB, FileOptions::default(), |d| {
+    let dev = FileDevice::create(&path, 64 * MIB, opts, |d| {
         nvmq_log::mkfs::format_device(d, &fmt)
     })
     .expect("create file device");
@@ -152,7 +222,8 @@ fn spans_take_offsets_and_survive_reopen_on_the_file_device() {
     };
     check(&log);
     log.shutdown();
-    let dev = FileDevice::open(&path, FileOptions::default()).expect("reopen");
+    let dev = FileDevice::open(&path, opts).expect("reopen");
+    assert_eq!(dev.engine(), engine);
     let log = start(dev, None, LogConfig::default());
     check(&log);
     assert_eq!(span_append(&log, b"after reopen", 2).offset, 7);

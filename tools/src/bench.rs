@@ -25,7 +25,7 @@ Every combination of device x flush mode x record size x producers is one scenar
 is formatted (a file is created when missing; an existing file other than the default needs \
 --force).")]
 pub struct BenchArgs {
-    /// Device, repeatable: `file:<path>` (created if missing), `nvme:<pci>[,ns=<id>][,io_timeout_ms=<ms>]` (needs --force), or `sim[:flush=4.4ms,write=20us,capacity=4G,plp=false,serialize=false]`.
+    /// Device, repeatable: `file:<path>[,engine=uring|threads|auto]` (created if missing), `nvme:<pci>[,ns=<id>][,io_timeout_ms=<ms>]` (needs --force), or `sim[:flush=4.4ms,write=20us,capacity=4G,plp=false,serialize=false]`.
     #[arg(long, action = clap::ArgAction::Append, default_value = "file:./nvmq-data/bench.img")]
     pub device: Vec<String>,
     /// Size of a device file the bench creates.
@@ -43,8 +43,8 @@ pub struct BenchArgs {
     /// Flush modes, one set of scenarios each: always (ack after flush), interval:<ms>, never.
     #[arg(long, value_delimiter = ',', default_value = "always")]
     pub flush: Vec<String>,
-    /// I/O threads of the file backend: with more than one, a batch write overlaps the running
-    /// fdatasync (1 shows what that overlap is worth).
+    /// I/O threads of the file backend's threads engine (`file:<path>,engine=threads`): with more
+    /// than one, a batch write overlaps the running fdatasync (1 shows what that overlap is worth).
     #[arg(long, default_value_t = 4)]
     pub io_threads: usize,
     /// Flushes the writer keeps in flight.
@@ -106,6 +106,8 @@ pub struct Scenario {
 pub struct Run {
     pub device: String,
     pub identity: String,
+    /// The file backend's I/O engine (`DeviceInfo::engine`); empty for other backends.
+    pub engine: String,
     pub volatile_write_cache: bool,
     pub write_unit: u32,
     pub flush_mode: String,
@@ -141,7 +143,7 @@ pub fn run(args: BenchArgs) -> Result<crate::Status> {
     let mut specs = Vec::new();
     for d in &args.device {
         let spec: DeviceSpec = d.parse()?;
-        if let DeviceSpec::File(p) = &spec {
+        if let DeviceSpec::File { path: p, .. } = &spec {
             let own = p == Path::new(DEFAULT_BENCH_FILE);
             if p.exists() && !own && !args.force {
                 bail!(
@@ -225,8 +227,9 @@ fn run_one(
     if human {
         pb.suspend(|| {
             println!(
-                "device {text} ({}), write unit {} B, volatile write cache: {}, flush mode {flush_name}",
+                "device {text} ({}{}), write unit {} B, volatile write cache: {}, flush mode {flush_name}",
                 info.identity,
+                if info.engine.is_empty() { String::new() } else { format!(", engine {}", info.engine) },
                 info.write_unit(),
                 info.volatile_write_cache,
             );
@@ -269,6 +272,7 @@ fn run_one(
     Ok(Run {
         device: text.to_string(),
         identity: info.identity.clone(),
+        engine: info.engine.clone(),
         volatile_write_cache: info.volatile_write_cache,
         write_unit: info.write_unit(),
         flush_mode: flush_name.to_string(),

@@ -225,7 +225,7 @@ fn open_target(a: &CheckStorageArgs) -> Result<Target> {
         }
     }
     let fs_path = match &spec {
-        DeviceSpec::File(p) => Some(p.clone()),
+        DeviceSpec::File { path, .. } => Some(path.clone()),
         DeviceSpec::Sim(_) | DeviceSpec::Nvme { .. } => None,
     };
     Ok((dev, text.to_string(), spec.backend(), fs_path, None))

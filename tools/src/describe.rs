@@ -23,6 +23,8 @@ pub struct DeviceReport {
     pub model: Option<String>,
     /// The device's health report (NVMe SMART); None where the backend has none.
     pub health: Option<String>,
+    /// How the backend carries out I/O (the file backend's engine); None where it has one way.
+    pub engine: Option<String>,
 }
 
 impl DeviceReport {
@@ -40,6 +42,7 @@ impl DeviceReport {
             atomic_write_unit: info.atomic_write_unit,
             model: (!info.model.is_empty()).then(|| info.model.clone()),
             health: (!info.health.is_empty()).then(|| info.health.clone()),
+            engine: (!info.engine.is_empty()).then(|| info.engine.clone()),
         }
     }
 
@@ -90,6 +93,9 @@ impl DeviceReport {
                 .clone()
                 .unwrap_or_else(|| format!("not available on the {} backend", self.backend))
         ));
+        if let Some(e) = &self.engine {
+            v.push(format!("I/O engine           {e}"));
+        }
         if let Some(h) = &self.health {
             v.push(format!("health               {h}"));
         }

@@ -1,4 +1,5 @@
-//! Device specifications on the command line: `sim[:key=value,...]`, `file:<path>`, a path, or
+//! Device specifications on the command line: `sim[:key=value,...]`,
+//! `file:<path>[,engine=uring|threads|auto]`, a path, or
 //! `nvme:<PCI address>[,ns=<id>][,io_timeout_ms=<ms>]` (the userspace driver; the function must be
 //! bound to vfio-pci).
 
@@ -6,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use blockdev::file::{FileDevice, FileOptions};
+use blockdev::file::{Engine, FileDevice, FileOptions};
 use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice};
 use blockdev::BlockDevice;
 
@@ -14,7 +15,11 @@ use blockdev::BlockDevice;
 #[derive(Debug, Clone)]
 pub enum DeviceSpec {
     Sim(SimSpec),
-    File(PathBuf),
+    File {
+        path: PathBuf,
+        /// `engine=`: overrides [`FileOptions::engine`]; `None` keeps the caller's choice.
+        engine: Option<Engine>,
+    },
     Nvme {
         pci: String,
         nsid: u32,
@@ -69,11 +74,25 @@ impl std::str::FromStr for DeviceSpec {
         if let Some(rest) = s.strip_prefix("nvme:") {
             return parse_nvme(s, rest);
         }
-        let path = s.strip_prefix("file:").unwrap_or(s);
+        let rest = s.strip_prefix("file:").unwrap_or(s);
+        // Only a trailing `,engine=` is an option, so any other comma stays part of the path.
+        let (path, engine) = match rest.rsplit_once(',') {
+            Some((path, opt)) if opt.starts_with("engine=") => {
+                let v = &opt["engine=".len()..];
+                let e = v
+                    .parse::<Engine>()
+                    .with_context(|| format!("device {s:?}: engine={v:?}"))?;
+                (path, Some(e))
+            }
+            _ => (rest, None),
+        };
         if path.is_empty() {
             bail!("device {s:?}: empty path");
         }
-        Ok(DeviceSpec::File(PathBuf::from(path)))
+        Ok(DeviceSpec::File {
+            path: PathBuf::from(path),
+            engine,
+        })
     }
 }
 
@@ -82,7 +101,7 @@ impl DeviceSpec {
     pub fn backend(&self) -> &'static str {
         match self {
             DeviceSpec::Sim(_) => "sim",
-            DeviceSpec::File(_) => "file",
+            DeviceSpec::File { .. } => "file",
             DeviceSpec::Nvme { .. } => "nvme",
         }
     }
@@ -121,7 +140,11 @@ impl DeviceSpec {
                 nsid,
                 io_timeout,
             } => open_nvme(pci, *nsid, *io_timeout, init),
-            DeviceSpec::File(p) => {
+            DeviceSpec::File { path: p, engine } => {
+                let file_opts = FileOptions {
+                    engine: engine.unwrap_or(file_opts.engine),
+                    ..file_opts
+                };
                 if let (Some(size), false) = (create, p.exists()) {
                     if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
                         std::fs::create_dir_all(dir)
@@ -315,9 +338,32 @@ mod tests {
             .to_string()
             .contains("unknown sim option"));
         assert!(
-            matches!("file:/x/y".parse::<DeviceSpec>().unwrap(), DeviceSpec::File(p) if p == std::path::Path::new("/x/y"))
+            matches!("file:/x/y".parse::<DeviceSpec>().unwrap(), DeviceSpec::File { path, engine: None } if path == std::path::Path::new("/x/y"))
         );
         assert!("file:".parse::<DeviceSpec>().is_err());
+        for (spec, want) in [
+            ("file:/x/y,engine=uring", Engine::IoUring),
+            ("file:/x/y,engine=threads", Engine::Threads),
+            ("/x/y,engine=auto", Engine::Auto),
+        ] {
+            assert!(
+                matches!(spec.parse::<DeviceSpec>().unwrap(), DeviceSpec::File { path, engine: Some(e) } if path == std::path::Path::new("/x/y") && e == want),
+                "{spec}"
+            );
+        }
+        // A comma that starts no option is part of the path.
+        assert!(
+            matches!("file:/x/a,b".parse::<DeviceSpec>().unwrap(), DeviceSpec::File { path, engine: None } if path == std::path::Path::new("/x/a,b"))
+        );
+        let e = format!(
+            "{:#}",
+            "file:/x/y,engine=fast".parse::<DeviceSpec>().unwrap_err()
+        );
+        assert!(
+            e.contains("engine=\"fast\"") && e.contains("uring, threads, auto"),
+            "{e}"
+        );
+        assert!("file:,engine=uring".parse::<DeviceSpec>().is_err());
         assert!(matches!(
             "nvme:0000:00:03.0".parse::<DeviceSpec>().unwrap(),
             DeviceSpec::Nvme { pci, nsid: 1, io_timeout: None } if pci == "0000:00:03.0"

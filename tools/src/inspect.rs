@@ -239,8 +239,12 @@ fn list_records(dev: &mut examined::Device, e: &Examination) -> Vec<RecordLine> 
 }
 
 fn print_copies(r: &Report) {
+    let engine = match &r.device.engine {
+        Some(e) => format!("; I/O engine {e}"),
+        None => String::new(),
+    };
     println!(
-        "device               {} ({})",
+        "device               {} ({}{engine})",
         r.device_spec, r.device.identity
     );
     for c in &r.superblocks {

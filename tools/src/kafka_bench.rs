@@ -184,7 +184,7 @@ pub fn run(args: KafkaBenchArgs) -> Result<()> {
         Some(a) => a.clone(),
         None => {
             let spec: DeviceSpec = args.device.parse()?;
-            if let DeviceSpec::File(p) = &spec {
+            if let DeviceSpec::File { path: p, .. } = &spec {
                 if p.exists() && p != std::path::Path::new(DEFAULT_FILE) && !args.force {
                     bail!(
                         "{} exists; the bench formats its device. Pass --force, or name a new file",

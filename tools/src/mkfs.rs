@@ -64,7 +64,7 @@ pub fn run(a: FormatArgs) -> Result<Status> {
     };
     let mut formatted: Option<Result<Superblock, nvmq_log::LogError>> = None;
     let (dev, created) = match &spec {
-        DeviceSpec::File(p) if !p.exists() => {
+        DeviceSpec::File { path: p, .. } if !p.exists() => {
             let size = a.size.ok_or_else(|| {
                 anyhow!(
                     "{} does not exist; pass --size (e.g. --size 1G) to create it",
@@ -82,7 +82,7 @@ pub fn run(a: FormatArgs) -> Result<Status> {
         }
         _ => {
             let mut dev = spec.open(None, |_| Ok(()))?;
-            if let (DeviceSpec::File(p), Some(size)) = (&spec, a.size) {
+            if let (DeviceSpec::File { path: p, .. }, Some(size)) = (&spec, a.size) {
                 if size != dev.info().capacity {
                     bail!(
                         "--size {size} given, but {} exists with {} B; format never resizes a device (drop --size, or remove the file first)",

@@ -21,8 +21,8 @@ pub struct ServeArgs {
     /// listening address.
     #[arg(long)]
     pub advertise: Option<String>,
-    /// Device: `file:<path>` (created and formatted if missing, else recovered) or `sim[:...]`
-    /// (in memory, formatted at every start).
+    /// Device: `file:<path>[,engine=uring|threads|auto]` (created and formatted if missing, else
+    /// recovered) or `sim[:...]` (in memory, formatted at every start).
     #[arg(long, default_value = DEFAULT_DEVICE)]
     pub device: String,
     /// Size of a device file created on first start.
@@ -63,7 +63,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .parse()
         .with_context(|| format!("--listen {:?}: expected host:port", args.listen))?;
     let fresh = match &spec {
-        DeviceSpec::File(p) => !Path::new(p).exists(),
+        DeviceSpec::File { path, .. } => !Path::new(path).exists(),
         DeviceSpec::Sim(_) => true,
         // A namespace is never formatted implicitly: `nvmq format --device nvme:...` first.
         DeviceSpec::Nvme { .. } => false,

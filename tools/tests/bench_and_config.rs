@@ -283,3 +283,76 @@ fn logs_go_to_stderr_as_json_lines_when_asked() {
     let bad = nvmq(&["--log-format", "xml", "verify", "--device", "sim"]);
     assert_eq!(bad.code, 2, "{bad}");
 }
+
+/// `file:<path>,engine=...` picks the file backend's engine; format and bench say which one ran,
+/// and a bad engine name is refused with the accepted ones. Without io_uring this fails, naming
+/// the reason, unless NVMQ_NO_IO_URING=1 says that is expected (then it checks only the threads).
+#[test]
+fn the_file_engine_is_chosen_in_the_device_spec_and_reported() {
+    let uring = match blockdev::file::io_uring_support() {
+        Ok(()) => true,
+        Err(why) if std::env::var("NVMQ_NO_IO_URING").as_deref() == Ok("1") => {
+            eprintln!(
+                "!!! io_uring unavailable ({why}), NVMQ_NO_IO_URING=1: checking threads only"
+            );
+            false
+        }
+        Err(why) => panic!("io_uring is unavailable: {why} (set NVMQ_NO_IO_URING=1 if expected)"),
+    };
+    let d = temp_dir("engine");
+    let p = d.join("e.img");
+    let dev = |engine: &str| format!("{},engine={engine}", spec(&p));
+    let r = nvmq(&["format", "--device", &dev("threads"), "--size", "32M"]);
+    assert_eq!(r.code, 0, "{r}");
+    assert!(
+        r.stdout
+            .contains("I/O engine           threads (4 I/O threads)"),
+        "{r}"
+    );
+    let mut engines = vec![("threads", "threads (4 I/O threads)")];
+    if uring {
+        engines.push(("uring", "io_uring (ring of 256)"));
+        engines.push(("auto", "io_uring (ring of 256)"));
+        let r = nvmq(&["format", "--device", &spec(&p), "--force", "--json"]);
+        assert_eq!(r.code, 0, "{r}");
+        assert_eq!(
+            r.json()["device"]["engine"],
+            "io_uring (ring of 256)",
+            "the default is auto"
+        );
+    }
+    for (engine, words) in engines {
+        let r = nvmq(&[
+            "bench",
+            "--device",
+            &dev(engine),
+            "--force",
+            "--producers",
+            "2",
+            "--record-size",
+            "100",
+            "--duration",
+            "100ms",
+            "--json",
+        ]);
+        assert_eq!(r.code, 0, "{r}");
+        let run = &r.json()["runs"][0];
+        assert_eq!(run["engine"], words, "{engine}");
+        assert!(
+            run["scenarios"][0]["acks"].as_u64().unwrap() > 0,
+            "{engine}"
+        );
+    }
+    let r = nvmq(&["inspect", "--device", &dev("threads")]);
+    assert_eq!(r.code, 0, "{r}");
+    assert!(
+        r.stdout.contains("; I/O engine threads (4 I/O threads))"),
+        "{r}"
+    );
+    let r = nvmq(&["format", "--device", &dev("fast"), "--force"]);
+    assert_eq!(r.code, 1, "{r}");
+    assert!(
+        r.stderr.contains("engine=\"fast\"") && r.stderr.contains("uring, threads, auto"),
+        "{r}"
+    );
+}

@@ -1,11 +1,16 @@
-//! The file backend: a regular file or a block device, driven through `pwrite`/`pread` on a small
-//! pool of I/O threads, with flush = `fdatasync` (`F_FULLFSYNC` on macOS) (storage.md §3).
+//! The file backend: a regular file or a block device, with flush = `fdatasync` (`F_FULLFSYNC` on
+//! macOS) (storage.md §3), driven by one of two engines ([`Engine`]):
 //!
-//! The contract is shaped after a polled NVMe queue, and this backend adapts to it rather than the
-//! other way round: a submit hands the request to a thread over a channel and returns at once; the
-//! thread does the blocking system call and queues the completion; `poll`/`wait` collect them. More
-//! than one thread exists so that the next group commit's write can run while the previous batch's
-//! `fdatasync` is still in the kernel, which is where group commit gets its throughput.
+//! - **io_uring** (Linux): the thread that owns the device submits SQEs and reaps CQEs itself, as
+//!   with the NVMe driver's polled queue; a flush is `IORING_OP_FSYNC` with `IORING_FSYNC_DATASYNC`.
+//! - **I/O threads**: `pwrite`/`pread`/`fdatasync` on a small pool of threads. A submit hands the
+//!   request to a thread over a channel and returns at once; the thread does the blocking system
+//!   call and queues the completion; `poll`/`wait` collect them. More than one thread exists so
+//!   that the next group commit's write can run while the previous batch's `fdatasync` is still in
+//!   the kernel, which is where group commit gets its throughput.
+//!
+//! Both adapt to the contract's polled shape rather than the other way round, and both give a flush
+//! the same reach: every write whose completion was delivered before the flush was submitted.
 //!
 //! Files are opened with `O_DIRECT` by default, so that a completed write is in the device (or its
 //! cache) rather than in the page cache, and so that reads during recovery see the medium, not a
@@ -13,24 +18,32 @@
 //! power-loss protection the file system's metadata (extent state, size) needs them.
 
 mod create;
+mod engine;
 mod open;
 mod threads;
+#[cfg(target_os = "linux")]
+mod uring;
+
+pub use engine::{fail_next_io_uring_setup, io_uring_support, Engine, UnknownEngine};
 
 use std::path::Path;
 use std::time::Duration;
 
 use crate::{check_io, BlockDevice, Completion, DeviceError, DeviceInfo, IoBuffer, Op, Tag};
 
-use threads::{Pool, Request, Submit};
+use engine::Io;
+use threads::{Request, Submit};
 
 /// How a [`FileDevice`] is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileOptions {
-    /// Number of I/O threads. More than one, so that a write overlaps a running `fdatasync`; a few
-    /// more let reads and several batch writes run side by side. Must be at least 1.
+    /// Number of I/O threads of the threads engine ([`Engine::Threads`], or `Auto` without
+    /// io_uring). More than one, so that a write overlaps a running `fdatasync`; a few more let
+    /// reads and several batch writes run side by side. Must be at least 1 (checked whatever the
+    /// engine, so that `Auto` can always fall back).
     pub io_threads: usize,
-    /// How many I/Os may be outstanding at once (submitted and not yet returned by `poll`/`wait`).
-    /// Must be at least 1.
+    /// How many I/Os may be outstanding at once (submitted and not yet returned by `poll`/`wait`);
+    /// with io_uring also the ring's size. Must be at least 1.
     pub queue_depth: usize,
     /// Open with `O_DIRECT` (`F_NOCACHE` on macOS). Turn it off only for file systems that refuse
     /// direct I/O (tmpfs on older kernels); writes then go through the page cache, and flushes
@@ -40,6 +53,9 @@ pub struct FileOptions {
     /// tools that look at a log, so they run on a read-only file and beside a running broker.
     /// A read-write open takes an exclusive lock instead (see [`FileDevice::open`]).
     pub read_only: bool,
+    /// How I/O is carried out: io_uring, the I/O threads, or io_uring when it can be set up
+    /// ([`Engine::Auto`], the default). [`FileDevice::engine`] says which one runs.
+    pub engine: Engine,
 }
 
 impl Default for FileOptions {
@@ -49,15 +65,18 @@ impl Default for FileOptions {
             queue_depth: 256,
             direct: true,
             read_only: false,
+            engine: Engine::default(),
         }
     }
 }
 
 /// A [`BlockDevice`] over a regular file or a block device node.
 ///
-/// Dropping it stops and joins its I/O threads: requests still queued are carried out first and
-/// their completions discarded (their buffers freed), so a drop never panics and never leaves a
-/// thread writing to a file that the caller believes closed.
+/// Dropping it waits for the I/O it holds: the threads engine stops and joins its threads after
+/// they carried out the requests still queued; the io_uring engine waits for the CQE of every I/O
+/// in the ring. Completions are discarded (their buffers freed only then), so a drop never panics,
+/// never frees memory the kernel may still use, and never leaves I/O running on a file that the
+/// caller believes closed.
 pub struct FileDevice {
     info: DeviceInfo,
     direct: bool,
@@ -68,7 +87,7 @@ pub struct FileDevice {
     mem_align: usize,
     queue_depth: usize,
     in_flight: usize,
-    pool: Pool,
+    io: Io,
 }
 
 impl FileDevice {
@@ -108,10 +127,11 @@ impl FileDevice {
                 "FileOptions::queue_depth must be at least 1".into(),
             ));
         }
-        let opened = open::open_device(path, opts.direct, opts.read_only, lock)?;
+        let mut opened = open::open_device(path, opts.direct, opts.read_only, lock)?;
         let logical = u64::from(opened.info.logical_block_size);
-        let pool = Pool::start(opened.file, logical, opts.io_threads, opts.queue_depth)
-            .map_err(|e| open_err(format!("cannot start the I/O threads: {e}")))?;
+        let (io, fallback) = Io::start(opened.file, logical, &opts).map_err(open_err)?;
+        opened.info.engine = io.describe(opts.io_threads, fallback.as_deref());
+        let queue_depth = io.depth().unwrap_or(opts.queue_depth);
         let buffer_align = (opened.info.logical_block_size as usize)
             .max(4096)
             .max(opened.mem_align);
@@ -121,9 +141,9 @@ impl FileDevice {
             read_only: opts.read_only,
             buffer_align,
             mem_align: opened.mem_align,
-            queue_depth: opts.queue_depth,
+            queue_depth,
             in_flight: 0,
-            pool,
+            io,
         })
     }
 
@@ -158,6 +178,19 @@ impl FileDevice {
         self.direct
     }
 
+    /// The engine that carries out this device's I/O: [`Engine::IoUring`] or [`Engine::Threads`],
+    /// never `Auto` (which resolves at open). [`DeviceInfo::engine`] says the same in words.
+    pub fn engine(&self) -> Engine {
+        self.io.engine()
+    }
+
+    /// Test seam: the next flush to complete reports `errno` instead of its real result, so the
+    /// failed-flush path (the device stops) can be exercised on a healthy file.
+    #[doc(hidden)]
+    pub fn inject_flush_failure(&mut self, errno: i32) {
+        self.io.inject_flush_failure(errno);
+    }
+
     fn admit(&self, op: Op, lba: u64) -> Result<(), DeviceError> {
         if self.read_only && op != Op::Read {
             return Err(DeviceError::BadRequest {
@@ -167,7 +200,7 @@ impl FileDevice {
                 why: "the device was opened read-only",
             });
         }
-        if self.pool.stopped() {
+        if self.io.stopped() {
             return Err(DeviceError::Stopped { op, lba });
         }
         if self.in_flight >= self.queue_depth {
@@ -207,24 +240,27 @@ impl FileDevice {
 
     fn send(&mut self, req: Request) -> Result<(), DeviceError> {
         let (op, lba) = (req.op, req.lba);
-        match self.pool.submit(req) {
-            Submit::Queued => {
-                self.in_flight += 1;
-                Ok(())
-            }
-            // Cannot happen while in_flight <= queue_depth bounds the channel, but is not a panic.
-            Submit::Full => Err(DeviceError::QueueFull {
-                op,
-                lba,
-                depth: self.in_flight,
-            }),
-            Submit::Gone => Err(DeviceError::Stopped { op, lba }),
-        }
+        let queued = match &mut self.io {
+            Io::Threads(pool) => match pool.submit(req) {
+                Submit::Queued => Ok(()),
+                // Cannot happen while in_flight <= queue_depth bounds the channel, but is not a
+                // panic.
+                Submit::Full => Err(DeviceError::QueueFull {
+                    op,
+                    lba,
+                    depth: self.in_flight,
+                }),
+                Submit::Gone => Err(DeviceError::Stopped { op, lba }),
+            },
+            #[cfg(target_os = "linux")]
+            Io::Uring(ring) => ring.push(req),
+        };
+        queued.map(|()| self.in_flight += 1)
     }
 
-    fn delivered(&mut self, c: Completion, out: &mut Vec<Completion>) {
-        self.in_flight = self.in_flight.saturating_sub(1);
-        out.push(c);
+    fn delivered(&mut self, n: usize) -> usize {
+        self.in_flight = self.in_flight.saturating_sub(n);
+        n
     }
 }
 
@@ -265,33 +301,49 @@ impl BlockDevice for FileDevice {
         })
     }
 
+    /// Takes the completions that are ready. With io_uring this is also where queued submissions
+    /// reach the kernel (one `io_uring_enter` for all of them).
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError> {
-        let mut n = 0;
-        while let Some(c) = self.pool.try_recv() {
-            self.delivered(c, out);
-            n += 1;
-        }
-        Ok(n)
+        let n = match &mut self.io {
+            Io::Threads(pool) => {
+                let before = out.len();
+                out.extend(std::iter::from_fn(|| pool.try_recv()));
+                out.len() - before
+            }
+            #[cfg(target_os = "linux")]
+            Io::Uring(ring) => ring.poll(out)?,
+        };
+        Ok(self.delivered(n))
     }
 
-    /// Sleeps on the completion channel for up to `timeout` for the first completion, then takes
-    /// whatever else is ready. Returns `Ok(0)` when the time ran out, and at once when nothing is
-    /// in flight (every completion queued belongs to an I/O counted in flight).
+    /// Sleeps for up to `timeout` for the first completion (on the completion channel, or in
+    /// `io_uring_enter` after submitting what is queued), then takes whatever else is ready.
+    /// Returns `Ok(0)` when the time ran out, and at once when nothing is in flight (every
+    /// completion belongs to an I/O counted in flight).
     fn wait(&mut self, out: &mut Vec<Completion>, timeout: Duration) -> Result<usize, DeviceError> {
         if self.in_flight == 0 {
             return Ok(0);
         }
-        match self.pool.recv_timeout(timeout) {
-            Ok(Some(c)) => self.delivered(c, out),
-            Ok(None) => return Ok(0),
-            Err(()) => {
-                return Err(DeviceError::Stopped {
-                    op: Op::Flush,
-                    lba: 0,
-                })
-            }
-        }
-        Ok(1 + self.poll(out)?)
+        let before = out.len();
+        let n = match &mut self.io {
+            Io::Threads(pool) => match pool.recv_timeout(timeout) {
+                Ok(Some(c)) => {
+                    out.push(c);
+                    out.extend(std::iter::from_fn(|| pool.try_recv()));
+                    out.len() - before
+                }
+                Ok(None) => 0,
+                Err(()) => {
+                    return Err(DeviceError::Stopped {
+                        op: Op::Flush,
+                        lba: 0,
+                    })
+                }
+            },
+            #[cfg(target_os = "linux")]
+            Io::Uring(ring) => ring.wait(out, timeout)?,
+        };
+        Ok(self.delivered(n))
     }
 
     fn in_flight(&self) -> usize {
@@ -304,6 +356,7 @@ impl std::fmt::Debug for FileDevice {
         f.debug_struct("FileDevice")
             .field("info", &self.info)
             .field("direct", &self.direct)
+            .field("engine", &self.io.engine())
             .field("queue_depth", &self.queue_depth)
             .field("in_flight", &self.in_flight)
             .finish()

@@ -119,6 +119,8 @@ pub(super) fn open_device(
             identity,
             model: geo.model,
             health: String::new(),
+            // Filled in by the engine once it runs.
+            engine: String::new(),
         },
         mem_align: if direct { geo.mem_align.max(1) } else { 1 },
     })

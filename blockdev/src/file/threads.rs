@@ -8,7 +8,7 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -38,6 +38,8 @@ struct Shared {
     block_size: u64,
     /// Set by the thread whose flush failed, before it queues that completion.
     stopped: AtomicBool,
+    /// Test seam: an errno the next flush reports instead of calling `fdatasync` (0: none).
+    inject_flush: AtomicI32,
 }
 
 /// The thread pool: a request channel in, a completion channel out.
@@ -59,6 +61,7 @@ impl Pool {
             file,
             block_size,
             stopped: AtomicBool::new(false),
+            inject_flush: AtomicI32::new(0),
         });
         let mut pool = Pool {
             requests: Some(req_tx),
@@ -104,6 +107,10 @@ impl Pool {
     /// True once a flush has failed.
     pub fn stopped(&self) -> bool {
         self.shared.stopped.load(Ordering::Acquire)
+    }
+
+    pub fn inject_flush_failure(&self, errno: i32) {
+        self.shared.inject_flush.store(errno, Ordering::Release);
     }
 }
 
@@ -155,16 +162,8 @@ impl Shared {
         }
     }
 
-    fn offset(&self, op: Op, lba: u64) -> Result<u64, DeviceError> {
-        lba.checked_mul(self.block_size).ok_or(DeviceError::Io {
-            op,
-            lba,
-            detail: "byte offset overflows".into(),
-        })
-    }
-
     fn write(&self, lba: u64, buf: &IoBuffer) -> Result<(), DeviceError> {
-        let base = self.offset(Op::Write, lba)?;
+        let base = offset(Op::Write, lba, self.block_size)?;
         let mut done = 0usize;
         while done < buf.len() {
             match self.file.write_at(&buf[done..], base + done as u64) {
@@ -178,7 +177,7 @@ impl Shared {
     }
 
     fn read(&self, lba: u64, buf: &mut IoBuffer) -> Result<(), DeviceError> {
-        let base = self.offset(Op::Read, lba)?;
+        let base = offset(Op::Read, lba, self.block_size)?;
         let len = buf.len();
         let mut done = 0usize;
         while done < len {
@@ -199,7 +198,11 @@ impl Shared {
                 lba: 0,
             });
         }
-        match sync_data(&self.file) {
+        let result = match self.inject_flush.swap(0, Ordering::AcqRel) {
+            0 => sync_data(&self.file),
+            errno => Err(io::Error::from_raw_os_error(errno)),
+        };
+        match result {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.stopped.store(true, Ordering::Release);
@@ -209,7 +212,17 @@ impl Shared {
     }
 }
 
-fn no_progress(op: Op, lba: u64, done: usize, len: usize) -> DeviceError {
+/// The byte offset of block `lba`.
+pub(super) fn offset(op: Op, lba: u64, block_size: u64) -> Result<u64, DeviceError> {
+    lba.checked_mul(block_size).ok_or(DeviceError::Io {
+        op,
+        lba,
+        detail: "byte offset overflows".into(),
+    })
+}
+
+/// A transfer that moved no bytes (and reported no error) before it was complete.
+pub(super) fn no_progress(op: Op, lba: u64, done: usize, len: usize) -> DeviceError {
     DeviceError::Io {
         op,
         lba,
@@ -219,7 +232,7 @@ fn no_progress(op: Op, lba: u64, done: usize, len: usize) -> DeviceError {
     }
 }
 
-fn io_error(op: Op, lba: u64, e: &io::Error) -> DeviceError {
+pub(super) fn io_error(op: Op, lba: u64, e: &io::Error) -> DeviceError {
     DeviceError::Io {
         op,
         lba,

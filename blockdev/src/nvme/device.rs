@@ -341,6 +341,7 @@ impl<H: Host> NvmeDevice<H> {
                 Ok(s) => s.summary(),
                 Err(e) => format!("SMART log not read: {e}"),
             },
+            engine: String::new(),
         };
         let pci = ctrl.host.name().to_string();
         let ctrl = guard

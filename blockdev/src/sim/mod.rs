@@ -174,6 +174,7 @@ fn info_for(cfg: &SimConfig) -> DeviceInfo {
         identity: format!("sim:{}", cfg.seed),
         model: "nvmq sim".into(),
         health: String::new(),
+        engine: String::new(),
     }
 }
 

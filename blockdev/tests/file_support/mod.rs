@@ -25,3 +25,23 @@ pub fn plain_file(dir: &Path, name: &str, size: u64) -> PathBuf {
     f.set_len(size).expect("set_len");
     p
 }
+
+/// Whether the io_uring tests can run. io_uring must be available: when it is not, this panics
+/// with the reason, unless `NVMQ_NO_IO_URING=1` says that is expected here, in which case it prints
+/// a loud notice and returns false so the caller skips. A skipped test never passes silently.
+pub fn io_uring_or_skip(test: &str) -> bool {
+    match blockdev::file::io_uring_support() {
+        Ok(()) => true,
+        Err(why) if std::env::var("NVMQ_NO_IO_URING").as_deref() == Ok("1") => {
+            eprintln!(
+                "!!! {test}: SKIPPED, io_uring is unavailable ({why}) and NVMQ_NO_IO_URING=1 \
+                 says that is expected"
+            );
+            false
+        }
+        Err(why) => panic!(
+            "{test}: io_uring is unavailable: {why}. Set NVMQ_NO_IO_URING=1 if this machine is \
+             expected to lack it"
+        ),
+    }
+}
