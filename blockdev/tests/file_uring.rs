@@ -344,37 +344,75 @@ fn both_engines_fail_the_same_way() {
     );
 }
 
-/// Flushes already in the ring when one fails report `Stopped`, never a success that would hide
-/// the failed write-back.
+/// Runs `f` on a new device of each engine (io_uring only where it can be set up, see
+/// [`io_uring_or_skip`]).
+fn on_each_engine(test: &str, f: impl Fn(Engine, &mut FileDevice)) {
+    for engine in [Engine::Threads, Engine::IoUring] {
+        if engine == Engine::IoUring && !io_uring_or_skip(test) {
+            continue;
+        }
+        let dir = scratch();
+        let p = plain_file(dir.path(), "dev", 1 << 20);
+        let mut dev = FileDevice::open(&p, opts(engine)).unwrap();
+        f(engine, &mut dev);
+        assert_eq!(dev.in_flight(), 0, "{engine}");
+    }
+}
+
+/// Flushes run one at a time: several submitted back to back are answered in order, and when the
+/// first fails, every one behind it fails too. Run at once, a later `fdatasync` could take no error
+/// for write-back that failed (the kernel reports it to one caller) and complete first.
 #[test]
-fn flushes_completing_after_a_failed_flush_report_stopped() {
-    let Some((_dir, _p, mut dev)) = uring_device(
-        "flushes_completing_after_a_failed_flush_report_stopped",
-        1 << 20,
-    ) else {
-        return;
-    };
-    write_block(&mut dev, 0, &pattern(7, 4096));
-    dev.inject_flush_failure(libc::EIO);
-    for tag in 0..4 {
-        dev.submit_flush(tag).unwrap();
-    }
-    let done = collect(&mut dev, 4);
-    let failed = done.iter().position(|c| c.result.is_err()).unwrap();
-    assert!(
-        matches!(
-            &done[failed].result,
-            Err(DeviceError::Io { op: Op::Flush, .. })
-        ),
-        "{done:?}"
+fn flushes_behind_a_failed_flush_all_fail_in_order() {
+    on_each_engine(
+        "flushes_behind_a_failed_flush_all_fail_in_order",
+        |engine, dev| {
+            write_block(dev, 0, &pattern(7, 4096));
+            dev.inject_flush_failure(libc::EIO);
+            for tag in 0..4 {
+                dev.submit_flush(tag).unwrap();
+            }
+            let done = collect(dev, 4);
+            let order: Vec<u64> = done.iter().map(|c| c.tag).collect();
+            assert_eq!(order, vec![0, 1, 2, 3], "{engine}: {done:?}");
+            assert!(
+                matches!(&done[0].result, Err(DeviceError::Io { op: Op::Flush, .. })),
+                "{engine}: {done:?}"
+            );
+            for c in &done[1..] {
+                assert_eq!(
+                    c.result,
+                    Err(DeviceError::Stopped {
+                        op: Op::Flush,
+                        lba: 0
+                    }),
+                    "{engine}"
+                );
+            }
+        },
     );
-    for c in &done[failed + 1..] {
-        assert_eq!(
-            c.result,
-            Err(DeviceError::Stopped {
-                op: Op::Flush,
-                lba: 0
-            })
-        );
-    }
+}
+
+/// Flushes submitted while one runs share the next `fdatasync` and all succeed on a healthy file.
+#[test]
+fn flushes_submitted_while_one_runs_all_complete() {
+    on_each_engine(
+        "flushes_submitted_while_one_runs_all_complete",
+        |engine, dev| {
+            for round in 0..20u64 {
+                write_block(dev, round % 8, &pattern(round as u8, 4096));
+                for k in 0..5 {
+                    dev.submit_flush(round * 5 + k).unwrap();
+                }
+                let done = collect(dev, 5);
+                let order: Vec<u64> = done.iter().map(|c| c.tag).collect();
+                assert_eq!(
+                    order,
+                    (round * 5..round * 5 + 5).collect::<Vec<_>>(),
+                    "{engine}"
+                );
+                assert!(done.iter().all(|c| c.result.is_ok()), "{engine}: {done:?}");
+            }
+        },
+    );
 }

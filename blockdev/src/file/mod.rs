@@ -19,6 +19,7 @@
 
 mod create;
 mod engine;
+mod flushes;
 mod open;
 mod threads;
 #[cfg(target_os = "linux")]
@@ -32,6 +33,7 @@ use std::time::Duration;
 use crate::{check_io, BlockDevice, Completion, DeviceError, DeviceInfo, IoBuffer, Op, Tag};
 
 use engine::Io;
+use flushes::{Flushes, Next};
 use threads::{Request, Submit};
 
 /// How a [`FileDevice`] is opened.
@@ -88,6 +90,8 @@ pub struct FileDevice {
     queue_depth: usize,
     in_flight: usize,
     io: Io,
+    /// One `fdatasync` at a time (see `flushes`).
+    flushes: Flushes,
 }
 
 impl FileDevice {
@@ -144,6 +148,7 @@ impl FileDevice {
             queue_depth,
             in_flight: 0,
             io,
+            flushes: Flushes::new(queue_depth),
         })
     }
 
@@ -239,8 +244,13 @@ impl FileDevice {
     }
 
     fn send(&mut self, req: Request) -> Result<(), DeviceError> {
+        self.dispatch(req).map(|()| self.in_flight += 1)
+    }
+
+    /// Hands a request to the engine (not counting it: `send` does, or it was counted already).
+    fn dispatch(&mut self, req: Request) -> Result<(), DeviceError> {
         let (op, lba) = (req.op, req.lba);
-        let queued = match &mut self.io {
+        match &mut self.io {
             Io::Threads(pool) => match pool.submit(req) {
                 Submit::Queued => Ok(()),
                 // Cannot happen while in_flight <= queue_depth bounds the channel, but is not a
@@ -254,8 +264,28 @@ impl FileDevice {
             },
             #[cfg(target_os = "linux")]
             Io::Uring(ring) => ring.push(req),
-        };
-        queued.map(|()| self.in_flight += 1)
+        }
+    }
+
+    /// The flush completions the engine just delivered (`out[from..]`) answer the flushes that
+    /// rode on them and start the one that waited; returns the completions added.
+    fn settle_flushes(&mut self, out: &mut Vec<Completion>, from: usize) -> usize {
+        let end = out.len();
+        let mut added = 0;
+        for i in from..end {
+            if out[i].op != Op::Flush {
+                continue;
+            }
+            let result = out[i].result.clone();
+            let (n, next) = self.flushes.completed(&result, out);
+            added += n;
+            if let Next::Start(tag) = next {
+                if let Err(e) = self.dispatch(flush_request(tag)) {
+                    added += self.flushes.not_started(tag, e, out);
+                }
+            }
+        }
+        added
     }
 
     fn delivered(&mut self, n: usize) -> usize {
@@ -288,22 +318,27 @@ impl BlockDevice for FileDevice {
     }
 
     /// Queues an `fdatasync`. It covers every write whose completion was delivered before this
-    /// call, because a thread queues a write's completion only after its `pwrite` returned.
+    /// call, because a write's completion is queued only after its `pwrite` returned. One runs
+    /// at a time: a flush submitted while one runs rides on the next (see `flushes`).
     /// After a flush has failed the device refuses everything with [`DeviceError::Stopped`]: the
     /// kernel reports a writeback error once, so a later flush could succeed and lie.
     fn submit_flush(&mut self, tag: Tag) -> Result<(), DeviceError> {
         self.admit(Op::Flush, 0)?;
-        self.send(Request {
-            tag,
-            op: Op::Flush,
-            lba: 0,
-            buffer: None,
-        })
+        if self.flushes.running() {
+            // It waits for the running one and rides on the next fdatasync (see `flushes`).
+            self.flushes.wait(tag);
+            self.in_flight += 1;
+            return Ok(());
+        }
+        self.send(flush_request(tag))?;
+        self.flushes.started();
+        Ok(())
     }
 
     /// Takes the completions that are ready. With io_uring this is also where queued submissions
     /// reach the kernel (one `io_uring_enter` for all of them).
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError> {
+        let before = out.len();
         let n = match &mut self.io {
             Io::Threads(pool) => {
                 let before = out.len();
@@ -313,6 +348,7 @@ impl BlockDevice for FileDevice {
             #[cfg(target_os = "linux")]
             Io::Uring(ring) => ring.poll(out)?,
         };
+        let n = n + self.settle_flushes(out, before);
         Ok(self.delivered(n))
     }
 
@@ -343,11 +379,21 @@ impl BlockDevice for FileDevice {
             #[cfg(target_os = "linux")]
             Io::Uring(ring) => ring.wait(out, timeout)?,
         };
+        let n = n + self.settle_flushes(out, before);
         Ok(self.delivered(n))
     }
 
     fn in_flight(&self) -> usize {
         self.in_flight
+    }
+}
+
+fn flush_request(tag: Tag) -> Request {
+    Request {
+        tag,
+        op: Op::Flush,
+        lba: 0,
+        buffer: None,
     }
 }
 
