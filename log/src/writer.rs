@@ -582,6 +582,10 @@ impl<D: BlockDevice> Writer<D> {
             return;
         }
         tracing::error!(error = %err, "writer stopped: nothing more will be acknowledged; check the device before restarting");
+        // Recorded before anyone hears of it: a producer whose append just failed sees the
+        // reason in `Log::fatal` at once.
+        self.shared.lock().fatal = Some(err.to_string());
+        self.shared.notify();
         let stopped = LogError::WriterStopped(err.to_string());
         for b in self.batches.drain(..) {
             for (ack, _, _) in b.acks {
@@ -596,11 +600,6 @@ impl<D: BlockDevice> Writer<D> {
                 reply(Err(stopped.clone()));
             }
         }
-        {
-            let mut s = self.shared.lock();
-            s.fatal = Some(err.to_string());
-        }
-        self.shared.notify();
         self.fatal = Some(err);
     }
 

@@ -56,6 +56,8 @@ fn a_flush_that_never_completes_fails_the_append_and_stops_the_writer() {
         Err(LogError::WriterStopped(msg)) => msg,
         r => panic!("an append whose flush never completed must fail, got {r:?}"),
     };
+    // The reason is recorded before the append hears of it.
+    assert!(log.fatal().is_some_and(|f| f.contains("timed out")));
     for want in [
         "flush at block 0 timed out",
         "NVMe command 0x00",
@@ -67,8 +69,6 @@ fn a_flush_that_never_completes_fails_the_append_and_stops_the_writer() {
         log.append_wait(part, b"after".to_vec()),
         Err(LogError::WriterStopped(_))
     ));
-    // Read after the refusal: the writer records its fatal error after failing the acks.
-    assert!(log.fatal().is_some_and(|f| f.contains("timed out")));
     // The flush went to the drive once and was not retried.
     assert_eq!(h.stats().flushes, flushes + 1);
     assert_eq!(h.stats().aborts.len(), 1);
