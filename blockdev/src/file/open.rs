@@ -141,19 +141,35 @@ fn describe(meta: &Metadata) -> &'static str {
     }
 }
 
+/// How long an open waits for the lock before refusing. A process killed with I/O in an
+/// io_uring keeps its file (and lock) until the kernel has finished that I/O, a moment after
+/// the process is gone; a restart right after a kill must not be refused for that.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Holds an exclusive `flock` on a regular file opened for writing, released when the file closes
 /// (also when the process dies): two writers on one log would each believe their tail is the end.
 fn lock_exclusive(path: &Path, file: &File) -> Result<(), DeviceError> {
-    match file.try_lock() {
-        Ok(()) => Ok(()),
-        Err(std::fs::TryLockError::WouldBlock) => Err(open_error(
-            path,
-            "another process has it open for writing (a running nvmq serve?); stop it first, or \
-             look with inspect or verify, which open it read-only"
-                .into(),
-        )),
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(open_error(path, format!("cannot lock it: {e}")))
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(open_error(
+                    path,
+                    format!(
+                        "another process has it open for writing (a running nvmq serve?), still \
+                         after {} s; stop it first, or look with inspect or verify, which open \
+                         it read-only",
+                        LOCK_WAIT.as_secs()
+                    ),
+                ))
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(open_error(path, format!("cannot lock it: {e}")))
+            }
         }
     }
 }
