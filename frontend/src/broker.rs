@@ -36,6 +36,10 @@ pub struct Config {
     /// An idempotent producer not seen for this long is forgotten (Kafka's
     /// producer.id.expiration.ms); a later batch of it is taken as from a new producer.
     pub producer_id_expiration: Duration,
+    /// Benchmark ceiling: Produce is decoded and its batches checked as always, then answered at
+    /// once without touching the log (nothing is stored). What the request/response path alone
+    /// allows on this machine; never for real use.
+    pub ceiling: bool,
 }
 
 impl Default for Config {
@@ -49,6 +53,7 @@ impl Default for Config {
             max_in_flight_per_connection: 1024,
             idle_timeout: Duration::from_secs(600),
             producer_id_expiration: crate::producers::DEFAULT_EXPIRATION,
+            ceiling: false,
         }
     }
 }

@@ -19,6 +19,8 @@ use crate::producers::{BatchKey, Landing, Verdict};
 enum Wait {
     Stored(oneshot::Receiver<Result<Appended, LogError>>),
     Duplicate(Landing),
+    /// Ceiling mode: answered without storing.
+    Ceiling,
 }
 
 struct PartWait {
@@ -128,6 +130,11 @@ async fn start_partition(
         Ok(v) => v,
         Err(f) => return Some((f.code, f.what)),
     };
+    if b.cfg.ceiling {
+        // Checked like any batch, answered without the log: the bench's ceiling.
+        waits.extend(batches.iter().map(|_| Wait::Ceiling));
+        return None;
+    }
     let max = b.log().max_payload();
     if let Some((info, _)) = batches.iter().find(|(_, bytes)| bytes.len() > max) {
         return Some((
@@ -180,6 +187,7 @@ async fn finish(waits: Vec<Wait>, deadline: Option<tokio::time::Instant>) -> (i1
                     }
                     Err(_) => return (codes::KAFKA_STORAGE_ERROR, -1),
                 },
+                Wait::Ceiling => 0,
                 Wait::Duplicate(mut l) => match l.wait_for(|v| v.is_some()).await {
                     Ok(v) => match *v {
                         Some(Ok(o)) => o,

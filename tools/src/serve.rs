@@ -45,6 +45,11 @@ pub struct ServeArgs {
     /// producer.
     #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "1d")]
     pub producer_id_expiration: Duration,
+    /// Benchmark ceiling: answer Produce (decoded and checked as always) without touching the
+    /// log, so nothing is stored. Shows what the request/response path alone allows; for
+    /// `kafka-bench` comparisons only.
+    #[arg(long)]
+    pub ceiling: bool,
     /// Serve Prometheus metrics on http://<addr>/metrics (e.g. 127.0.0.1:9464).
     #[arg(long)]
     pub metrics_addr: Option<String>,
@@ -140,6 +145,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         default_partitions: args.default_partitions,
         max_frame: usize::try_from(max_frame).unwrap_or(usize::MAX),
         producer_id_expiration: args.producer_id_expiration,
+        ceiling: args.ceiling,
         ..frontend::Config::default()
     };
     let opened = std::time::Instant::now();
@@ -154,6 +160,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         opened.elapsed().as_secs_f64()
     );
     let log = broker.log().clone();
+    if args.ceiling {
+        println!("CEILING MODE: Produce is answered without storing anything (benchmark only)");
+    }
     println!("nvmq serving Kafka on {bound} (advertised as {host}:{port})");
     let served = rt.block_on(frontend::serve(broker, listener, stop_signal()));
     rt.shutdown_timeout(Duration::from_secs(5));
