@@ -1,0 +1,293 @@
+//! Building batches from the appends waiting, and submitting them within the window and the ring.
+
+use super::*;
+
+impl<D: BlockDevice> Writer<D> {
+    /// Builds and submits batches while appends wait and the window, the ring and the buffers
+    /// allow.
+    pub(super) fn maybe_write(&mut self, now: Now) -> bool {
+        let mut moved = false;
+        loop {
+            if self.writes_in_flight >= self.cfg.max_writes_in_flight || self.free_bufs.len() < 2 {
+                return moved;
+            }
+            let want_checkpoint = !self.checkpoint_in_flight
+                && self.durable_checkpoint.is_none()
+                && (self.force_checkpoint
+                    || self.tail - self.newest_sb().recovery_point >= self.lag);
+            if self.pending.is_empty() && !want_checkpoint {
+                self.space_needed_head = 0;
+                return moved;
+            }
+            let in_flight = self.tail - self.durable;
+            let window_room = self.geo.window.saturating_sub(in_flight);
+            // Normal batches leave room for one checkpoint, so the ring can always move on.
+            let reserve = if want_checkpoint {
+                0
+            } else {
+                self.geo.max_batch
+            };
+            let ring_room =
+                (self.ring_floor() + self.geo.log_size).saturating_sub(self.tail + reserve);
+            let room = window_room.min(ring_room).min(self.geo.max_batch);
+            let room = room - room % self.geo.write_unit;
+            let first_need = if want_checkpoint {
+                self.geo
+                    .round_up((BATCH_HEADER_LEN + record_size(self.checkpoint_len())) as u64)
+            } else {
+                self.geo.round_up(
+                    (BATCH_HEADER_LEN + record_size(self.pending.front().map_or(0, pending_len)))
+                        as u64,
+                )
+            };
+            if room < first_need {
+                if ring_room < first_need.min(self.geo.max_batch) && window_room >= first_need {
+                    self.space_needed_head =
+                        (self.tail + first_need + reserve).saturating_sub(self.geo.log_size);
+                } else {
+                    self.space_needed_head = 0;
+                }
+                return moved;
+            }
+            self.space_needed_head = 0;
+            self.full_since_ns = None;
+            if want_checkpoint {
+                self.write_checkpoint(now);
+            } else {
+                self.write_records(room as usize, now);
+            }
+            moved = true;
+            if self.fatal.is_some() {
+                return true;
+            }
+        }
+    }
+
+    pub(super) fn checkpoint_len(&self) -> usize {
+        // Upper bound of the encoded registry; exact length is computed when it is written.
+        8 + self
+            .registry
+            .iter()
+            .map(|p| 26 + p.topic.len())
+            .sum::<usize>()
+    }
+
+    pub(super) fn write_checkpoint(&mut self, now: Now) {
+        let state = self.registry.encode();
+        if BATCH_HEADER_LEN + record_size(state.len()) > self.geo.max_batch as usize {
+            self.fail(LogError::Config(format!(
+                "the checkpoint ({} bytes for {} partitions) no longer fits one batch of {} bytes",
+                state.len(),
+                self.registry.len(),
+                self.geo.max_batch
+            )));
+            return;
+        }
+        let Some(mut buf) = self.free_bufs.pop() else {
+            return;
+        };
+        buf.set_len(buf.capacity());
+        let mut b = BatchBuilder::new(&mut buf, self.geo.format_id, self.epoch, self.tail);
+        b.push(RecordKind::Checkpoint, 0, 0, &state);
+        self.force_checkpoint = false;
+        self.checkpoint_in_flight = true;
+        let sealed = b_finish(b);
+        self.seal_and_submit(
+            buf,
+            sealed,
+            BatchKind::Checkpoint,
+            (Vec::new(), 0),
+            Vec::new(),
+            Vec::new(),
+            now,
+        );
+        self.shared.lock().stats.checkpoints += 1;
+    }
+
+    pub(super) fn write_records(&mut self, room: usize, now: Now) {
+        let Some(mut buf) = self.free_bufs.pop() else {
+            return;
+        };
+        buf.set_len(buf.capacity());
+        let mut acks = Vec::new();
+        let mut payload_bytes = 0u64;
+        let mut index: Vec<(u32, IndexEntry)> = Vec::new();
+        let mut created = Vec::new();
+        let mut b = BatchBuilder::new(&mut buf, self.geo.format_id, self.epoch, self.tail);
+        let u = self.geo.write_unit as usize;
+        while let Some(p) = self.pending.front() {
+            let need = b.would_use(pending_len(p));
+            if need.div_ceil(u) * u > room {
+                break;
+            }
+            let Some(p) = self.pending.pop_front() else {
+                break;
+            };
+            match p.item {
+                Item::Data {
+                    partition,
+                    payload,
+                    span,
+                } => {
+                    let Some(st) = self.registry.get_mut(partition) else {
+                        (p.ack)(Err(LogError::UnknownPartition(partition)));
+                        continue;
+                    };
+                    let offset = st.next_offset;
+                    let end = offset + u64::from(span);
+                    st.next_offset = end;
+                    let position = b.push_span(RecordKind::Data, partition, offset, span, &payload);
+                    payload_bytes += payload.len() as u64;
+                    match index.iter_mut().rev().find(|(id, _)| *id == partition) {
+                        Some((_, e)) => e.end_offset = end,
+                        None => index.push((
+                            partition,
+                            IndexEntry {
+                                first_offset: offset,
+                                end_offset: end,
+                                batch_position: self.tail,
+                                batch_length: 0,
+                            },
+                        )),
+                    }
+                    acks.push((
+                        p.ack,
+                        Appended {
+                            partition,
+                            offset,
+                            position,
+                        },
+                        p.since,
+                    ));
+                }
+                Item::Create { topic, index: idx } => {
+                    if self.registry.lookup(&topic, idx).is_some() {
+                        (p.ack)(Err(LogError::PartitionExists { topic, index: idx }));
+                        continue;
+                    }
+                    let id = self.registry.next_id();
+                    let payload = encode_create(&topic, idx);
+                    let position = b.push(RecordKind::CreatePartition, id, 0, &payload);
+                    self.registry.insert(id, topic.clone(), idx);
+                    created.push((id, topic, idx));
+                    acks.push((
+                        p.ack,
+                        Appended {
+                            partition: id,
+                            offset: 0,
+                            position,
+                        },
+                        p.since,
+                    ));
+                }
+            }
+        }
+        let sealed = b_finish(b);
+        if sealed.1 == 0 {
+            self.free_bufs.push(buf);
+            return;
+        }
+        self.seal_and_submit(
+            buf,
+            sealed,
+            BatchKind::Records,
+            (acks, payload_bytes),
+            index,
+            created,
+            now,
+        );
+    }
+
+    /// Pads and seals the batch in `buf`, then submits it (split at the ring's end).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn seal_and_submit(
+        &mut self,
+        mut buf: IoBuffer,
+        (used, record_count): (usize, u32),
+        kind: BatchKind,
+        (acks, payload_bytes): (Vec<AckEntry>, u64),
+        mut index: Vec<(u32, IndexEntry)>,
+        created: Vec<(u32, String, u32)>,
+        now: Now,
+    ) {
+        let u = self.geo.write_unit as usize;
+        let len = used.div_ceil(u) * u;
+        // Re-seal with the real header now that kind, D and the link are known.
+        let header = crate::format::BatchHeader {
+            format_id: self.geo.format_id,
+            epoch: self.epoch,
+            position: self.tail,
+            length: len as u32,
+            record_count,
+            durable_through: self.durable,
+            prev_hash: self.last_hash,
+            kind,
+            timestamp_ms: now.wall_ms,
+        };
+        buf[used..len].fill(0);
+        let crc = header.encode(&mut buf[..BATCH_HEADER_LEN]);
+        let position = self.tail;
+        let link = self.last_hash;
+        for (_, e) in &mut index {
+            e.batch_length = len as u32;
+        }
+        let segs = self.geo.segments(position, len as u64);
+        let mut ios = vec![];
+        if segs[1].1 > 0 {
+            // The batch crosses the ring's end: its second part goes out of its own buffer.
+            let Some(mut second) = self.free_bufs.pop() else {
+                self.fail(LogError::Config("no buffer for a wrapped batch".into()));
+                return;
+            };
+            let first = segs[0].1 as usize;
+            second.set_len(len - first);
+            second.copy_from_slice(&buf[first..len]);
+            buf.set_len(first);
+            ios.push((segs[0].0, buf));
+            ios.push((segs[1].0, second));
+        } else {
+            buf.set_len(len);
+            ios.push((segs[0].0, buf));
+        }
+        let n = ios.len() as u32;
+        for (byte_offset, b) in ios {
+            let tag = TAG_WRITE | self.bump_tag();
+            let lba = byte_offset / self.geo.logical_block;
+            if let Err(e) = self.dev.submit_write(tag, lba, b) {
+                self.fail(LogError::Device {
+                    op: "submit a batch write",
+                    source: e,
+                });
+                return;
+            }
+            self.write_tags.insert(tag, position);
+        }
+        self.writes_in_flight += 1;
+        self.tail = position + len as u64;
+        self.last_hash = crc;
+        {
+            let mut s = self.shared.lock();
+            s.stats.batches_written += 1;
+            s.stats.device_bytes_written += len as u64;
+        }
+        self.batches.push_back(InFlight {
+            position,
+            end: self.tail,
+            ios_left: n,
+            written: false,
+            acked: false,
+            kind,
+            link,
+            timestamp_ms: now.wall_ms,
+            acks,
+            payload_bytes,
+            index,
+            created,
+        });
+    }
+}
+
+/// (bytes used, record count) of a batch being sealed.
+fn b_finish(b: BatchBuilder<'_>) -> (usize, u32) {
+    (b.used(), b.count())
+}

@@ -1,0 +1,635 @@
+//! The group-commit writer (storage.md §2): one per device, owning the tail.
+//!
+//! It is a state machine stepped by its owner: a thread in production ([`crate::Log`]), the test's
+//! own loop in the deterministic simulator. Each step moves completions in, decides what to flush,
+//! what superblock or checkpoint to write, and builds the next batch from the appends waiting,
+//! up to the free in-flight window. There is no timer and no batch-size knob: a batch holds what
+//! arrived while the device was busy, so it grows with load by itself.
+//!
+//! The rules it keeps, in the order they bite:
+//! - D (`durable`) moves over a write only when a flush submitted after that write completed has
+//!   completed, and every earlier flush completed without error (flushes are settled in
+//!   submission order, whatever order their completions come in); on a device without a volatile
+//!   write cache, when the write and every write below it completed.
+//! - Acks go out in log order, only below D (in the default mode).
+//! - Any failed write or flush is fatal: every waiting append gets an error, nothing more is
+//!   acknowledged, and the flush is never retried.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blockdev::{BlockDevice, Completion, IoBuffer};
+
+use crate::backfill::{Backfill, Backfilled};
+use crate::batch::BatchBuilder;
+use crate::config::{FlushMode, LogConfig, OnFull};
+use crate::format::{
+    record_size, superblock_offset, BatchKind, RecordKind, Superblock, BATCH_HEADER_LEN,
+};
+use crate::layout::Geometry;
+use crate::shared::{IndexEntry, PartitionView, Shared};
+use crate::state::{encode_create, Registry, MAX_TOPIC_LEN};
+use crate::LogError;
+
+mod build;
+mod reads;
+mod settle;
+mod space;
+
+/// Called once with the outcome of an append.
+pub type AckFn = Box<dyn FnOnce(Result<Appended, LogError>) + Send>;
+/// Called once with the bytes of a log range, or why they could not be read.
+pub type ReadFn = Box<dyn FnOnce(Result<Vec<u8>, LogError>) + Send>;
+
+/// Where an acknowledged record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub partition: u32,
+    pub offset: u64,
+    pub position: u64,
+}
+
+/// What producers and readers hand the writer.
+pub enum Request {
+    Append {
+        partition: u32,
+        payload: Vec<u8>,
+        /// Offsets the record takes (at least 1): a Kafka record batch of n messages takes n.
+        span: u32,
+        ack: AckFn,
+    },
+    CreatePartition {
+        topic: String,
+        index: u32,
+        ack: AckFn,
+    },
+    /// The background index rebuild below the recovery point finished (see `backfill`).
+    Backfilled(Result<Backfilled, String>),
+    /// Raw log bytes [position, position + len), for readers (the writer owns the device).
+    Read {
+        position: u64,
+        len: u64,
+        reply: ReadFn,
+    },
+}
+
+/// The monotonic and wall clocks the owner passes into each step.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    pub mono_ns: u64,
+    pub wall_ms: u64,
+}
+
+/// A retained durable batch, for retention decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetainedBatch {
+    pub position: u64,
+    pub end: u64,
+    pub timestamp_ms: u64,
+}
+
+/// Everything the writer needs to resume a log: produced by recovery (or by format).
+#[derive(Debug, Clone)]
+pub struct Resume {
+    /// The two superblock copies as durably written (an invalid slot holds the other's contents
+    /// with its own copy index, so that it is simply the next one rewritten).
+    pub superblocks: [Superblock; 2],
+    /// Which copy is the newest.
+    pub newest: u8,
+    /// Where the next batch goes; everything below is durable.
+    pub tail: u64,
+    /// Header checksum of the batch that ends at `tail` (the next batch's link).
+    pub last_hash: u32,
+    pub registry: Registry,
+    /// Index entries of every retained durable batch, per partition, in offset order.
+    pub index: HashMap<u32, VecDeque<IndexEntry>>,
+    /// Retained durable batches from the head up to the tail (from the recovery point up when
+    /// `backfill` is set).
+    pub retained: VecDeque<RetainedBatch>,
+    /// The part of the log below the recovery point still to be indexed, in the background.
+    pub backfill: Option<Backfill>,
+}
+
+const TAG_WRITE: u64 = 1 << 56;
+const TAG_FLUSH: u64 = 2 << 56;
+const TAG_SUPERBLOCK: u64 = 3 << 56;
+const TAG_READ: u64 = 4 << 56;
+const TAG_KIND: u64 = 0xff << 56;
+
+enum Item {
+    Data {
+        partition: u32,
+        payload: Vec<u8>,
+        span: u32,
+    },
+    Create {
+        topic: String,
+        index: u32,
+    },
+}
+
+struct Pending {
+    item: Item,
+    ack: AckFn,
+    /// When the writer took it: ack latency is measured from here.
+    since: Instant,
+}
+
+/// An acknowledgement waiting for its batch to become durable.
+type AckEntry = (AckFn, Appended, Instant);
+
+/// A batch between its submission and its durability.
+struct InFlight {
+    position: u64,
+    end: u64,
+    ios_left: u32,
+    written: bool,
+    acked: bool,
+    kind: BatchKind,
+    /// Link of this batch (the previous batch's header checksum): the recovery link when it is a
+    /// checkpoint.
+    link: u32,
+    timestamp_ms: u64,
+    acks: Vec<AckEntry>,
+    /// Payload bytes of the data records in it (for write amplification).
+    payload_bytes: u64,
+    /// (partition, entry) for the index, published when durable.
+    index: Vec<(u32, IndexEntry)>,
+    /// Partitions this batch creates, published when durable.
+    created: Vec<(u32, String, u32)>,
+}
+
+struct FlushSlot {
+    tag: u64,
+    /// When it was submitted, for the flush latency figure.
+    submitted_ns: u64,
+    covers: u64,
+    covers_superblock: bool,
+    result: Option<Result<(), blockdev::DeviceError>>,
+}
+
+#[derive(PartialEq, Eq)]
+enum SbState {
+    Submitted,
+    /// Write completed; durable after the next flush submitted from now on completes.
+    Written,
+    /// A flush covering it is in flight.
+    Flushing,
+}
+
+struct SbWrite {
+    sb: Superblock,
+    state: SbState,
+}
+
+struct ReadJob {
+    parts: [Option<Vec<u8>>; 2],
+    left: u32,
+    reply: Option<ReadFn>,
+    failed: Option<LogError>,
+}
+
+/// The group-commit writer's state machine. See the module docs.
+pub struct Writer<D: BlockDevice> {
+    dev: D,
+    geo: Geometry,
+    cfg: LogConfig,
+    /// Bytes between recovery points (the configured lag, bounded by what the ring allows).
+    lag: u64,
+    volatile_cache: bool,
+    epoch: u64,
+    tail: u64,
+    last_hash: u32,
+    written_through: u64,
+    durable: u64,
+    flush_requested: u64,
+    last_flush_ns: u64,
+    /// The owner is shutting down: flush whatever the relaxed modes left in the cache, so that a
+    /// clean stop loses nothing.
+    closing: bool,
+    /// The background index rebuild, until its owner takes it to run.
+    backfill: Option<Backfill>,
+    /// Until the rebuild is installed, retention frees nothing: the batches below the recovery
+    /// point are not known yet.
+    backfill_pending: bool,
+    batches: VecDeque<InFlight>,
+    writes_in_flight: usize,
+    write_tags: HashMap<u64, u64>,
+    flushes: VecDeque<FlushSlot>,
+    next_tag: u64,
+    free_bufs: Vec<IoBuffer>,
+    pending: VecDeque<Pending>,
+    registry: Registry,
+    retained: VecDeque<RetainedBatch>,
+    superblocks: [Superblock; 2],
+    newest: u8,
+    sb_write: Option<SbWrite>,
+    sb_last_ns: u64,
+    /// Newest durable checkpoint: (position, link), not yet named by a superblock.
+    durable_checkpoint: Option<(u64, u32)>,
+    checkpoint_in_flight: bool,
+    force_checkpoint: bool,
+    /// Since when appends have waited for space (on_full = refuse).
+    full_since_ns: Option<u64>,
+    /// The head the ring needs for the next batch to fit (0 when nothing waits for space).
+    space_needed_head: u64,
+    reads: HashMap<u64, ReadJob>,
+    completions: Vec<Completion>,
+    last_activity_ns: u64,
+    fatal: Option<LogError>,
+    shared: Arc<Shared>,
+}
+
+/// Buffers the writer allocates at start and recycles; bounds memory to this many max batches.
+fn buffer_count(cfg: &LogConfig) -> usize {
+    2 * cfg.max_writes_in_flight + 2
+}
+
+impl<D: BlockDevice> Writer<D> {
+    /// Resumes writing after `resume`. The superblocks in it must already carry the epoch the new
+    /// batches get (recovery persisted it).
+    pub fn new(mut dev: D, cfg: LogConfig, resume: Resume) -> Result<Writer<D>, LogError> {
+        let newest_sb = resume.superblocks[usize::from(resume.newest)];
+        let geo = Geometry::from_superblock(&newest_sb, dev.info().logical_block_size);
+        if cfg.max_flushes_in_flight == 0
+            || cfg.max_writes_in_flight == 0
+            || cfg.queue_capacity == 0
+        {
+            return Err(LogError::Config(
+                "flushes in flight, writes in flight and queue capacity must be at least 1".into(),
+            ));
+        }
+        if geo.max_batch > u64::from(dev.info().max_transfer) * 2 {
+            return Err(LogError::Config(format!(
+                "maximum batch {} is larger than the device's maximum transfer {}",
+                geo.max_batch,
+                dev.info().max_transfer
+            )));
+        }
+        let mut free_bufs = Vec::new();
+        for _ in 0..buffer_count(&cfg) {
+            free_bufs.push(
+                dev.alloc_buffer(geo.max_batch as usize)
+                    .map_err(LogError::device("allocate batch buffers"))?,
+            );
+        }
+        let ring_room = geo.log_size.saturating_sub(geo.window + 3 * geo.max_batch) / 2;
+        let lag = cfg.recovery_lag.min(ring_room).max(geo.max_batch);
+        let volatile_cache = dev.info().volatile_write_cache;
+        if let Some(loss) = cfg.flush.loss_window(geo.window) {
+            tracing::warn!(
+                loss_window_bytes = geo.window,
+                "{loss}{}",
+                if volatile_cache {
+                    ""
+                } else {
+                    " (this device reports no volatile write cache: completed writes are durable, so nothing is lost)"
+                }
+            );
+        }
+        let shared = Arc::new(Shared::default());
+        let mut w = Writer {
+            dev,
+            geo,
+            cfg,
+            lag,
+            volatile_cache,
+            epoch: newest_sb.epoch,
+            tail: resume.tail,
+            last_hash: resume.last_hash,
+            written_through: resume.tail,
+            durable: resume.tail,
+            flush_requested: resume.tail,
+            last_flush_ns: 0,
+            closing: false,
+            backfill: resume.backfill,
+            backfill_pending: resume.backfill.is_some(),
+            batches: VecDeque::new(),
+            writes_in_flight: 0,
+            write_tags: HashMap::new(),
+            flushes: VecDeque::new(),
+            next_tag: 0,
+            free_bufs,
+            pending: VecDeque::new(),
+            registry: resume.registry,
+            retained: resume.retained,
+            superblocks: resume.superblocks,
+            newest: resume.newest,
+            sb_write: None,
+            sb_last_ns: 0,
+            durable_checkpoint: None,
+            checkpoint_in_flight: false,
+            force_checkpoint: false,
+            full_since_ns: None,
+            space_needed_head: 0,
+            reads: HashMap::new(),
+            completions: Vec::with_capacity(256),
+            last_activity_ns: 0,
+            fatal: None,
+            shared,
+        };
+        w.publish_initial(resume.index);
+        Ok(w)
+    }
+
+    fn publish_initial(&mut self, mut index: HashMap<u32, VecDeque<IndexEntry>>) {
+        let mut s = self.shared.lock();
+        s.durable = self.durable;
+        s.head = self.head();
+        s.epoch = self.epoch;
+        s.backfill_pending = self.backfill_pending;
+        for p in self.registry.iter() {
+            s.partitions.insert(
+                p.id,
+                PartitionView {
+                    topic: p.topic.clone(),
+                    index: p.index,
+                    start_offset: p.start_offset,
+                    durable_end: p.next_offset,
+                    entries: index.remove(&p.id).unwrap_or_default(),
+                },
+            );
+        }
+    }
+
+    pub fn config(&self) -> &LogConfig {
+        &self.cfg
+    }
+
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    /// Gives the device back (for a clean shutdown or a test's power cut).
+    pub fn into_device(self) -> D {
+        self.dev
+    }
+
+    /// The most payload one record may carry.
+    pub fn max_payload(&self) -> usize {
+        max_payload(&self.geo)
+    }
+
+    pub fn fatal(&self) -> Option<&LogError> {
+        self.fatal.as_ref()
+    }
+
+    /// The background index rebuild to run (once): `Log::start` runs it on a thread of its own; a
+    /// caller stepping the writer runs it with reads through the stepped writer. Its result comes
+    /// back as `Request::Backfilled`.
+    pub fn take_backfill(&mut self) -> Option<Backfill> {
+        self.backfill.take()
+    }
+
+    /// Runs the background index rebuild right here, for owners that step the writer themselves
+    /// (simulations, tools): `read` fetches raw log bytes by stepping this writer.
+    pub fn backfill_with(
+        &mut self,
+        mut read: impl FnMut(&mut Self, u64, u64) -> Result<Vec<u8>, LogError>,
+    ) {
+        let Some(job) = self.take_backfill() else {
+            return;
+        };
+        let result = job.run(&mut |position, len| read(self, position, len));
+        self.install_backfill(result);
+    }
+
+    /// Installs the index below the recovery point in front of what the writer has indexed since.
+    fn install_backfill(&mut self, result: Result<Backfilled, String>) {
+        if !self.backfill_pending {
+            return;
+        }
+        self.backfill_pending = false;
+        let mut s = self.shared.lock();
+        s.backfill_pending = false;
+        match result {
+            Ok(mut b) => {
+                s.backfill_bytes = b.bytes_read;
+                while let Some(r) = b.retained.pop_back() {
+                    self.retained.push_front(r);
+                }
+                for (id, v) in s.partitions.iter_mut() {
+                    if let Some(mut older) = b.index.remove(id) {
+                        older.extend(v.entries.drain(..));
+                        v.entries = older;
+                    }
+                    let start = v.entries.front().map_or(v.durable_end, |e| e.first_offset);
+                    v.start_offset = start;
+                    if let Some(p) = self.registry.get_mut(*id) {
+                        p.start_offset = start;
+                    }
+                }
+            }
+            Err(what) => {
+                tracing::error!(%what, "damage below the recovery point: older records of the log cannot be served");
+                s.backfill_error = Some(what);
+            }
+        }
+        drop(s);
+        self.shared.notify();
+    }
+
+    /// Shutting down: from now on every write is flushed at once, whatever the flush mode.
+    pub fn close(&mut self) {
+        self.closing = true;
+    }
+
+    /// The writer has nothing queued and nothing on the device.
+    pub fn is_idle(&self) -> bool {
+        self.pending.is_empty()
+            && self.batches.is_empty()
+            && self.flushes.is_empty()
+            && self.sb_write.is_none()
+            && self.reads.is_empty()
+    }
+
+    fn head(&self) -> u64 {
+        self.superblocks[usize::from(self.newest)].head
+    }
+
+    fn newest_sb(&self) -> &Superblock {
+        &self.superblocks[usize::from(self.newest)]
+    }
+
+    /// Takes one request from a producer or reader.
+    pub fn submit(&mut self, req: Request) {
+        if let Some(e) = &self.fatal {
+            let e = LogError::WriterStopped(e.to_string());
+            match req {
+                Request::Append { ack, .. } | Request::CreatePartition { ack, .. } => ack(Err(e)),
+                Request::Read { reply, .. } => reply(Err(e)),
+                Request::Backfilled(_) => {}
+            }
+            return;
+        }
+        match req {
+            Request::Append {
+                partition,
+                payload,
+                span,
+                ack,
+            } => {
+                if span == 0 {
+                    ack(Err(LogError::Config(
+                        "an append must take at least one offset".into(),
+                    )));
+                    return;
+                }
+                if payload.len() > self.max_payload() {
+                    ack(Err(LogError::RecordTooLarge {
+                        len: payload.len(),
+                        max: self.max_payload(),
+                    }));
+                    return;
+                }
+                self.pending.push_back(Pending {
+                    item: Item::Data {
+                        partition,
+                        payload,
+                        span,
+                    },
+                    ack,
+                    since: Instant::now(),
+                });
+            }
+            Request::CreatePartition { topic, index, ack } => {
+                if topic.is_empty() || topic.len() > MAX_TOPIC_LEN {
+                    ack(Err(LogError::Config(format!(
+                        "topic name must be 1 to {MAX_TOPIC_LEN} bytes, got {}",
+                        topic.len()
+                    ))));
+                    return;
+                }
+                self.pending.push_back(Pending {
+                    item: Item::Create { topic, index },
+                    ack,
+                    since: Instant::now(),
+                });
+            }
+            Request::Read {
+                position,
+                len,
+                reply,
+            } => self.start_read(position, len, reply),
+            Request::Backfilled(result) => self.install_backfill(result),
+        }
+    }
+
+    /// Queued appends not yet in a batch.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// One round of work. Returns whether anything moved.
+    pub fn step(&mut self, now: Now) -> bool {
+        if self.fatal.is_some() {
+            return false;
+        }
+        let mut comps = std::mem::take(&mut self.completions);
+        if let Err(e) = self.dev.poll(&mut comps) {
+            self.fail(LogError::Device {
+                op: "poll",
+                source: e,
+            });
+        }
+        let mut moved = !comps.is_empty();
+        for c in comps.drain(..) {
+            self.note_flush_latency(&c, now);
+            self.complete(c);
+        }
+        self.completions = comps;
+        if self.fatal.is_some() {
+            return true;
+        }
+        self.settle();
+        moved |= self.maybe_superblock(now);
+        let waited_for_space = self.space_needed_head;
+        moved |= self.maybe_write(now);
+        if self.space_needed_head != waited_for_space {
+            // The ring just ran out of room: free space (or checkpoint) in this same step.
+            moved |= self.maybe_superblock(now);
+            moved |= self.maybe_write(now);
+        }
+        moved |= self.maybe_flush(now);
+        self.check_full(now);
+        if moved {
+            self.last_activity_ns = now.mono_ns;
+        }
+        moved
+    }
+
+    /// Waits up to `timeout` for a device completion (call when a step moved nothing and I/O is
+    /// in flight). The completions are handled by the next step.
+    pub fn wait_device(&mut self, timeout: Duration) {
+        if self.fatal.is_some() || self.dev.in_flight() == 0 {
+            return;
+        }
+        if let Err(e) = self.dev.wait(&mut self.completions, timeout) {
+            self.fail(LogError::Device {
+                op: "wait",
+                source: e,
+            });
+        }
+    }
+
+    pub fn has_io_in_flight(&self) -> bool {
+        self.dev.in_flight() > 0
+    }
+
+    /// Fails everything waiting and refuses all that follows: the writer is done.
+    pub fn fail(&mut self, err: LogError) {
+        if self.fatal.is_some() {
+            return;
+        }
+        tracing::error!(error = %err, "writer stopped: nothing more will be acknowledged; check the device before restarting");
+        // Recorded before anyone hears of it: a producer whose append just failed sees the
+        // reason in `Log::fatal` at once.
+        self.shared.lock().fatal = Some(err.to_string());
+        self.shared.notify();
+        let stopped = LogError::WriterStopped(err.to_string());
+        for b in self.batches.drain(..) {
+            for (ack, _, _) in b.acks {
+                ack(Err(stopped.clone()));
+            }
+        }
+        for p in self.pending.drain(..) {
+            (p.ack)(Err(stopped.clone()));
+        }
+        for (_, mut r) in self.reads.drain() {
+            if let Some(reply) = r.reply.take() {
+                reply(Err(stopped.clone()));
+            }
+        }
+        self.fatal = Some(err);
+    }
+
+    fn window_full(&self) -> bool {
+        self.tail - self.durable + self.geo.write_unit > self.geo.window
+    }
+
+    fn bump_tag(&mut self) -> u64 {
+        self.next_tag = (self.next_tag + 1) & !TAG_KIND;
+        self.next_tag
+    }
+
+    /// The lowest position the ring may not overwrite: the head named in both copies.
+    fn ring_floor(&self) -> u64 {
+        self.superblocks[0].head.min(self.superblocks[1].head)
+    }
+}
+
+fn pending_len(p: &Pending) -> usize {
+    match &p.item {
+        Item::Data { payload, .. } => payload.len(),
+        Item::Create { topic, .. } => 4 + topic.len(),
+    }
+}
+
+pub fn max_payload(geo: &Geometry) -> usize {
+    geo.max_batch as usize - BATCH_HEADER_LEN - crate::format::RECORD_HEADER_LEN - 7
+}

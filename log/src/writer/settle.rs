@@ -1,0 +1,257 @@
+//! Completions in, D forward, acks out: the writer's side of the flush rule (storage.md §1).
+
+use super::*;
+
+impl<D: BlockDevice> Writer<D> {
+    pub(super) fn complete(&mut self, c: Completion) {
+        match c.tag & TAG_KIND {
+            TAG_WRITE => {
+                if let Some(b) = c.buffer {
+                    self.free_bufs.push(b);
+                }
+                let Some(pos) = self.write_tags.remove(&c.tag) else {
+                    return;
+                };
+                if let Err(e) = c.result {
+                    self.fail(LogError::Device {
+                        op: "write a batch",
+                        source: e,
+                    });
+                    return;
+                }
+                if let Some(b) = self.batches.iter_mut().find(|b| b.position == pos) {
+                    b.ios_left -= 1;
+                    if b.ios_left == 0 {
+                        b.written = true;
+                        self.writes_in_flight -= 1;
+                    }
+                }
+            }
+            TAG_FLUSH => {
+                if let Some(f) = self.flushes.iter_mut().find(|f| f.tag == c.tag) {
+                    f.result = Some(c.result);
+                }
+            }
+            TAG_SUPERBLOCK => {
+                if let Some(b) = c.buffer {
+                    self.free_bufs.push(b);
+                }
+                if let Err(e) = c.result {
+                    self.fail(LogError::Device {
+                        op: "write a superblock",
+                        source: e,
+                    });
+                    return;
+                }
+                if let Some(w) = &mut self.sb_write {
+                    w.state = SbState::Written;
+                }
+                if !self.volatile_cache {
+                    self.superblock_durable();
+                }
+            }
+            TAG_READ => self.read_done(c),
+            _ => {}
+        }
+    }
+
+    /// Moves written-through, D and the acks forward after completions.
+    pub(super) fn settle(&mut self) {
+        // The contiguous prefix of completed writes.
+        for b in &self.batches {
+            if b.written && b.position == self.written_through {
+                self.written_through = b.end;
+            } else if !b.written {
+                break;
+            }
+        }
+        if !self.volatile_cache {
+            self.durable = self.written_through;
+        }
+        // Flushes settle in submission order: a success behind a pending or failed flush waits.
+        while let Some(f) = self.flushes.front() {
+            match &f.result {
+                None => break,
+                Some(Err(e)) => {
+                    let e = LogError::Device {
+                        op: "flush",
+                        source: e.clone(),
+                    };
+                    self.fail(e);
+                    return;
+                }
+                Some(Ok(())) => {
+                    let covers = f.covers;
+                    let sb = f.covers_superblock;
+                    self.flushes.pop_front();
+                    self.durable = self.durable.max(covers);
+                    if sb {
+                        self.superblock_durable();
+                    }
+                }
+            }
+        }
+        // Relaxed modes acknowledge at write completion, still in log order.
+        if self.cfg.flush != FlushMode::Always {
+            for b in self.batches.iter_mut() {
+                if b.end > self.written_through {
+                    break;
+                }
+                if !b.acked {
+                    b.acked = true;
+                    ack_all(&self.shared, &mut b.acks, b.payload_bytes);
+                }
+            }
+        }
+        self.publish_durable();
+    }
+
+    /// Publishes every batch below D to readers and acknowledges it (default mode).
+    pub(super) fn publish_durable(&mut self) {
+        let mut done: Vec<InFlight> = Vec::new();
+        while self
+            .batches
+            .front()
+            .is_some_and(|b| b.end <= self.durable && b.written)
+        {
+            if let Some(b) = self.batches.pop_front() {
+                done.push(b);
+            }
+        }
+        if done.is_empty() {
+            return;
+        }
+        {
+            let mut s = self.shared.lock();
+            s.durable = self.durable;
+            let acks: usize = done.iter().filter(|b| !b.acked).map(|b| b.acks.len()).sum();
+            if acks > 0 {
+                s.stats.records_per_flush.record(acks as u64);
+            }
+            for b in &mut done {
+                for (id, topic, index) in b.created.drain(..) {
+                    s.partitions.insert(
+                        id,
+                        PartitionView {
+                            topic,
+                            index,
+                            ..PartitionView::default()
+                        },
+                    );
+                }
+                for (pid, e) in b.index.drain(..) {
+                    if let Some(v) = s.partitions.get_mut(&pid) {
+                        v.durable_end = e.end_offset;
+                        v.entries.push_back(e);
+                    }
+                }
+            }
+        }
+        self.shared.notify();
+        for mut b in done {
+            self.retained.push_back(RetainedBatch {
+                position: b.position,
+                end: b.end,
+                timestamp_ms: b.timestamp_ms,
+            });
+            if b.kind == BatchKind::Checkpoint {
+                self.checkpoint_in_flight = false;
+                self.durable_checkpoint = Some((b.position, b.link));
+            }
+            if !b.acked {
+                b.acked = true;
+                ack_all(&self.shared, &mut b.acks, b.payload_bytes);
+            }
+        }
+    }
+
+    pub(super) fn maybe_flush(&mut self, now: Now) -> bool {
+        if !self.volatile_cache {
+            return false;
+        }
+        let sb_waiting = self
+            .sb_write
+            .as_ref()
+            .is_some_and(|w| w.state == SbState::Written);
+        let data_waiting = self.written_through > self.flush_requested;
+        if !(sb_waiting || data_waiting) || self.flushes.len() >= self.cfg.max_flushes_in_flight {
+            return false;
+        }
+        let urgent = sb_waiting
+            || self.closing
+            || self.window_full()
+            || self
+                .batches
+                .iter()
+                .any(|b| b.kind == BatchKind::Checkpoint && b.written);
+        let due = match self.cfg.flush {
+            FlushMode::Always => true,
+            FlushMode::Interval(i) => {
+                now.mono_ns.saturating_sub(self.last_flush_ns) >= i.as_nanos() as u64
+            }
+            FlushMode::Never => false,
+        };
+        if !(due || urgent) {
+            return false;
+        }
+        let tag = TAG_FLUSH | self.bump_tag();
+        if let Err(e) = self.dev.submit_flush(tag) {
+            self.fail(LogError::Device {
+                op: "submit a flush",
+                source: e,
+            });
+            return true;
+        }
+        if let Some(w) = &mut self.sb_write {
+            if w.state == SbState::Written {
+                w.state = SbState::Flushing;
+            }
+        }
+        self.flushes.push_back(FlushSlot {
+            tag,
+            submitted_ns: now.mono_ns,
+            covers: self.written_through,
+            covers_superblock: sb_waiting,
+            result: None,
+        });
+        self.flush_requested = self.written_through;
+        self.last_flush_ns = now.mono_ns;
+        self.shared.lock().stats.flushes += 1;
+        true
+    }
+
+    /// Counts a flush completion in the latency figure (metrics only; decides nothing).
+    pub(super) fn note_flush_latency(&self, c: &Completion, now: Now) {
+        if c.tag & TAG_KIND != TAG_FLUSH {
+            return;
+        }
+        if let Some(f) = self.flushes.iter().find(|f| f.tag == c.tag) {
+            let took = now.mono_ns.saturating_sub(f.submitted_ns);
+            self.shared
+                .lock()
+                .stats
+                .flush_latency_us
+                .record(took / 1000);
+        }
+    }
+}
+
+/// Acknowledges a batch's appends, in order, and counts them.
+fn ack_all(shared: &Shared, acks: &mut Vec<AckEntry>, payload_bytes: u64) {
+    if acks.is_empty() {
+        return;
+    }
+    {
+        let mut s = shared.lock();
+        s.stats.appends_acked += acks.len() as u64;
+        s.stats.payload_bytes_acked += payload_bytes;
+        for (_, _, since) in acks.iter() {
+            s.stats
+                .ack_latency_us
+                .record(since.elapsed().as_micros() as u64);
+        }
+    }
+    for (ack, a, _) in acks.drain(..) {
+        ack(Ok(a));
+    }
+}

@@ -1,0 +1,172 @@
+//! Superblock updates, retention and the space the ring has (storage.md §4.1, §4.3).
+
+use super::*;
+
+impl<D: BlockDevice> Writer<D> {
+    /// Decides whether a superblock update is due and submits it.
+    pub(super) fn maybe_superblock(&mut self, now: Now) -> bool {
+        if self.sb_write.is_some() {
+            return false;
+        }
+        let cur = *self.newest_sb();
+        let (rp, link) = match self.durable_checkpoint {
+            Some((pos, link)) => (pos, link),
+            None => (cur.recovery_point, cur.recovery_link),
+        };
+        let head = self.wanted_head(rp, now);
+        let other = &self.superblocks[usize::from(1 - self.newest)];
+        let reasons = [
+            rp != cur.recovery_point,
+            head > cur.head,
+            // The older copy still pins space the writer is waiting for.
+            self.space_needed_head > 0 && other.head < cur.head,
+            // An idle writer records its D within about a second, and at once when it is
+            // shutting down, so that a clean stop leaves D in the superblock.
+            self.pending.is_empty()
+                && self.batches.is_empty()
+                && self.durable > cur.durable_through
+                && (self.closing
+                    || now
+                        .mono_ns
+                        .saturating_sub(self.last_activity_ns.max(self.sb_last_ns))
+                        >= self.cfg.idle_superblock.as_nanos() as u64),
+        ];
+        if !reasons.iter().any(|&r| r) {
+            // Space is needed but the recovery point pins the head: checkpoint now.
+            if self.space_needed_head > rp && !self.checkpoint_in_flight {
+                self.force_checkpoint = true;
+            }
+            return false;
+        }
+        let copy = 1 - self.newest;
+        let sb = Superblock {
+            copy,
+            sequence: cur.sequence + 1,
+            parent: cur.checksum(),
+            head,
+            recovery_point: rp,
+            recovery_link: link,
+            checkpoint: rp,
+            durable_through: self.durable,
+            ..cur
+        };
+        let Some(mut buf) = self.free_bufs.pop() else {
+            return false;
+        };
+        let u = self.geo.write_unit as usize;
+        buf.set_len(u);
+        buf.fill(0);
+        buf[..crate::format::SUPERBLOCK_LEN].copy_from_slice(&sb.encode());
+        let tag = TAG_SUPERBLOCK | self.bump_tag();
+        if let Err(e) =
+            self.dev
+                .submit_write(tag, superblock_offset(copy) / self.geo.logical_block, buf)
+        {
+            self.fail(LogError::Device {
+                op: "submit a superblock write",
+                source: e,
+            });
+            return true;
+        }
+        if self.durable_checkpoint.is_some_and(|(p, _)| p == rp) {
+            self.durable_checkpoint = None;
+        }
+        self.sb_write = Some(SbWrite {
+            sb,
+            state: SbState::Submitted,
+        });
+        self.sb_last_ns = now.mono_ns;
+        self.shared.lock().stats.superblock_writes += 1;
+        true
+    }
+
+    /// Where retention (and, in drop-oldest mode, the need for space) wants the head, never past
+    /// the recovery point the next superblock names.
+    pub(super) fn wanted_head(&self, rp: u64, now: Now) -> u64 {
+        let mut head = self.newest_sb().head;
+        if self.backfill_pending {
+            return head;
+        }
+        // Free an eighth of the ring at a time: freeing only what the next batch needs would
+        // cost two superblock updates (and their flushes) per batch once the ring is full.
+        let need = if self.cfg.on_full == OnFull::DropOldest && self.space_needed_head > 0 {
+            self.space_needed_head + self.geo.log_size / 8
+        } else {
+            0
+        };
+        for b in &self.retained {
+            if b.end > rp {
+                break;
+            }
+            let by_size = self
+                .cfg
+                .retain_bytes
+                .is_some_and(|keep| self.durable - b.position > keep);
+            let by_time = self
+                .cfg
+                .retain_time
+                .is_some_and(|t| b.timestamp_ms + (t.as_millis() as u64) < now.wall_ms);
+            let by_space = b.position < need;
+            if by_size || by_time || by_space {
+                head = b.end;
+            } else {
+                break;
+            }
+        }
+        head
+    }
+
+    /// A superblock write became durable: it is now one of the two copies.
+    pub(super) fn superblock_durable(&mut self) {
+        let Some(w) = self.sb_write.take() else {
+            return;
+        };
+        let old_head = self.head();
+        self.superblocks[usize::from(w.sb.copy)] = w.sb;
+        self.newest = w.sb.copy;
+        if w.sb.head > old_head {
+            self.drop_below(w.sb.head);
+        }
+    }
+
+    /// Forgets batches below the new head and moves partition start offsets past them.
+    pub(super) fn drop_below(&mut self, head: u64) {
+        while self.retained.front().is_some_and(|b| b.end <= head) {
+            self.retained.pop_front();
+        }
+        let mut s = self.shared.lock();
+        s.head = head;
+        for (id, v) in s.partitions.iter_mut() {
+            while v.entries.front().is_some_and(|e| e.batch_position < head) {
+                v.entries.pop_front();
+            }
+            let start = v.entries.front().map_or(v.durable_end, |e| e.first_offset);
+            v.start_offset = start;
+            if let Some(p) = self.registry.get_mut(*id) {
+                p.start_offset = start;
+            }
+        }
+        drop(s);
+        self.shared.notify();
+    }
+
+    /// With on_full = refuse, appends that waited too long for space fail with "log full".
+    pub(super) fn check_full(&mut self, now: Now) {
+        if self.space_needed_head == 0 || self.pending.is_empty() {
+            self.full_since_ns = None;
+            return;
+        }
+        if self.cfg.on_full != OnFull::Refuse {
+            return;
+        }
+        let since = *self.full_since_ns.get_or_insert(now.mono_ns);
+        if now.mono_ns.saturating_sub(since) < self.cfg.full_wait.as_nanos() as u64 {
+            return;
+        }
+        let needed = self.space_needed_head.saturating_sub(self.ring_floor());
+        for p in self.pending.drain(..) {
+            (p.ack)(Err(LogError::LogFull { needed }));
+        }
+        self.full_since_ns = None;
+    }
+}
