@@ -114,6 +114,13 @@ pub trait BlockDevice: Send {
 
     /// I/Os submitted and not yet returned by `poll`/`wait`.
     fn in_flight(&self) -> usize;
+
+    /// A file descriptor that becomes readable when a completion may be waiting for `poll`, for
+    /// owners that sleep in an event loop; `None`: the device must be polled.
+    #[cfg(unix)]
+    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
@@ -143,6 +150,10 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
     }
     fn in_flight(&self) -> usize {
         (**self).in_flight()
+    }
+    #[cfg(unix)]
+    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        (**self).completion_fd()
     }
 }
 

@@ -114,12 +114,13 @@ async fn read_once(b: &Arc<Broker>, ctx: &Ctx, req: &FetchRequest) -> (FetchResp
 async fn read_partition(b: &Broker, id: u32, offset: u64, max: usize) -> Result<Bytes, LogError> {
     let records = b.blocking(move |log| log.read(id, offset, max)).await??;
     let mut out = Vec::new();
-    for mut r in records {
+    for r in records {
         if !out.is_empty() && out.len() + r.payload.len() > max {
             break;
         }
-        batch::set_base_offset(&mut r.payload, r.offset);
+        let at = out.len();
         out.extend_from_slice(&r.payload);
+        batch::set_base_offset(&mut out[at..], r.offset);
     }
     Ok(Bytes::from(out))
 }

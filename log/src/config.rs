@@ -98,6 +98,9 @@ pub struct LogConfig {
     pub full_wait: Duration,
     /// Bytes per second the background scrub re-reads and checks (0: no scrub).
     pub scrub_rate: u64,
+    /// Bytes of the newest durable batches kept in memory, so that readers at the tail never
+    /// read the device (0: none).
+    pub tail_cache_bytes: usize,
 }
 
 impl Default for LogConfig {
@@ -114,6 +117,7 @@ impl Default for LogConfig {
             idle_superblock: Duration::from_secs(1),
             full_wait: Duration::from_secs(5),
             scrub_rate: 16 << 20,
+            tail_cache_bytes: 32 << 20,
         }
     }
 }

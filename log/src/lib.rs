@@ -5,9 +5,11 @@
 
 pub mod backfill;
 pub mod batch;
+pub mod cache;
 pub mod config;
 mod error;
 pub mod format;
+mod host;
 pub mod layout;
 pub mod mkfs;
 mod reader;
@@ -18,9 +20,10 @@ pub mod writer;
 
 pub use config::{FlushMode, FormatOptions, LogConfig, OnFull};
 pub use error::LogError;
-pub use reader::{read_with, Record};
+pub use host::{Doorbell, Hosted, Turn};
+pub use reader::{read_cached, read_with, Record};
 pub use shared::{PartitionView, Pow2Histogram, Shared, WriterStats};
-pub use writer::{AckFn, Appended, Now, Request, Resume, RetainedBatch, Writer};
+pub use writer::{Ack, AckFn, Appended, Now, Request, Resume, RetainedBatch, TokenAck, Writer};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,18 +31,19 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use blockdev::BlockDevice;
-use crossbeam::channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crossbeam::channel::bounded;
 
 use backfill::Backfill;
+use host::Queue;
 use layout::Geometry;
 
-/// How long the writer thread waits on the device before looking at the request queue again.
-/// Appends that arrive while a flush runs are picked up within this slice.
-const DEVICE_WAIT_SLICE: Duration = Duration::from_micros(100);
+/// How long `Log::shutdown` waits for a hosted writer's owner to finish what the writer holds.
+const HOSTED_STOP_WAIT: Duration = Duration::from_secs(30);
 
-/// A running log: the writer on its own thread, and the handle producers and readers share.
+/// A running log: the handle producers and readers share. The writer runs on a thread of its own
+/// ([`Log::start`]) or is stepped by an owner's event loop ([`Log::hosted`]).
 pub struct Log {
-    tx: Option<Sender<Request>>,
+    queue: Option<Queue>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     geo: Geometry,
@@ -51,30 +55,53 @@ pub struct Log {
 impl Log {
     /// Starts the writer on its own thread. The thread owns the device (SPDK-style): producers
     /// hand it appends over a bounded channel, so a full queue makes them wait.
-    pub fn start<D: BlockDevice + 'static>(mut writer: Writer<D>, queue_capacity: usize) -> Log {
-        let (tx, rx) = bounded(queue_capacity.max(1));
-        let shared = writer.shared();
-        let backfill = writer.take_backfill();
-        let scrub_rate = writer.config().scrub_rate;
-        let geo = writer.geometry();
-        let max_payload = writer.max_payload();
+    pub fn start<D: BlockDevice + 'static>(writer: Writer<D>, queue_capacity: usize) -> Log {
+        let (mut log, hosted) = Log::with_queue(writer, queue_capacity, None);
+        let shared = log.shared.clone();
         let thread = std::thread::Builder::new()
             .name("nvmq-writer".into())
-            .spawn(move || run(writer, rx, queue_capacity));
-        let thread = match thread {
+            .spawn(move || host::run_thread(hosted));
+        log.thread = match thread {
             Ok(t) => Some(t),
             Err(e) => {
                 shared.lock().fatal = Some(format!("could not start the writer thread: {e}"));
                 None
             }
         };
+        log
+    }
+
+    /// Hands the writer to an owner that steps it on its own event loop ([`Hosted::turn`]);
+    /// requests from other threads reach it over the queue, and `bell` wakes the owner for them.
+    /// The owner keeps turning until [`Turn::Stopped`], which follows `shutdown` (or the drop of
+    /// the returned `Log`) once the writer has finished what it holds.
+    pub fn hosted<D: BlockDevice + 'static>(
+        writer: Writer<D>,
+        queue_capacity: usize,
+        bell: Arc<dyn Doorbell>,
+    ) -> (Log, Hosted<D>) {
+        Log::with_queue(writer, queue_capacity, Some(bell))
+    }
+
+    fn with_queue<D: BlockDevice + 'static>(
+        mut writer: Writer<D>,
+        queue_capacity: usize,
+        bell: Option<Arc<dyn Doorbell>>,
+    ) -> (Log, Hosted<D>) {
+        let (tx, rx) = bounded(queue_capacity.max(1));
+        let queue = Queue { tx, bell };
+        let shared = writer.shared();
+        let backfill = writer.take_backfill();
+        let scrub_rate = writer.config().scrub_rate;
+        let geo = writer.geometry();
+        let max_payload = writer.max_payload();
         let cancel = Arc::new(AtomicBool::new(false));
         if let Some(job) = backfill {
-            spawn_backfill(job, tx.clone(), cancel.clone());
+            spawn_backfill(job, queue.clone(), cancel.clone());
         }
         if scrub_rate > 0 {
-            let (tx, cancel, shared) = (tx.clone(), cancel.clone(), shared.clone());
-            let read = cancellable_reads(tx, cancel.clone());
+            let (shared, cancel) = (shared.clone(), cancel.clone());
+            let read = cancellable_reads(queue.clone(), cancel.clone());
             let spawned = std::thread::Builder::new()
                 .name("nvmq-scrub".into())
                 .spawn(move || scrub::run(geo, shared, scrub_rate, cancel, read));
@@ -82,14 +109,16 @@ impl Log {
                 tracing::error!(error = %e, "could not start the scrub thread");
             }
         }
-        Log {
-            tx: Some(tx),
+        let hosted = Hosted::new(writer, rx, queue_capacity.max(1));
+        let log = Log {
+            queue: Some(queue),
             shared,
-            thread,
+            thread: None,
             geo,
             max_payload,
             cancel,
-        }
+        };
+        (log, hosted)
     }
 
     fn send(&self, req: Request) -> Result<(), LogError> {
@@ -97,8 +126,8 @@ impl Log {
             Some(f) => LogError::WriterStopped(f.clone()),
             None => LogError::Shutdown,
         };
-        match &self.tx {
-            Some(tx) => tx.send(req).map_err(|_| stopped()),
+        match &self.queue {
+            Some(q) => q.send(req).map_err(|_| stopped()),
             None => Err(stopped()),
         }
     }
@@ -214,8 +243,8 @@ impl Log {
     }
 
     fn read_raw(&self, position: u64, len: u64) -> Result<Vec<u8>, LogError> {
-        match &self.tx {
-            Some(tx) => read_raw_via(tx, position, len),
+        match &self.queue {
+            Some(q) => read_raw_via(q, position, len),
             None => Err(LogError::Shutdown),
         }
     }
@@ -253,9 +282,21 @@ impl Log {
 
     fn stop(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);
-        self.tx = None;
+        let Some(queue) = self.queue.take() else {
+            return;
+        };
+        let bell = queue.bell.clone();
+        drop(queue);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        } else if let Some(bell) = bell {
+            // The owner sees the queue closed on its next turn, finishes, and marks the log
+            // stopped; other handles of the queue (a reader thread) may keep it open a while.
+            bell.ring();
+            let s = self.shared.wait_until(HOSTED_STOP_WAIT, |s| s.stopped);
+            if !s.stopped && s.fatal.is_none() {
+                tracing::warn!("the hosted writer did not stop within {HOSTED_STOP_WAIT:?}");
+            }
         }
     }
 }
@@ -267,39 +308,38 @@ impl Drop for Log {
 }
 
 /// Raw log bytes through the writer's queue (the writer owns the device).
-fn read_raw_via(tx: &Sender<Request>, position: u64, len: u64) -> Result<Vec<u8>, LogError> {
+fn read_raw_via(queue: &Queue, position: u64, len: u64) -> Result<Vec<u8>, LogError> {
     let (reply_tx, reply_rx) = bounded(1);
-    tx.send(Request::Read {
+    queue.send(Request::Read {
         position,
         len,
         reply: Box::new(move |r| {
             let _ = reply_tx.send(r);
         }),
-    })
-    .map_err(|_| LogError::Shutdown)?;
+    })?;
     reply_rx.recv().map_err(|_| LogError::Shutdown)?
 }
 
 /// Raw reads through the writer for a background thread, refused once the log shuts down.
 fn cancellable_reads(
-    tx: Sender<Request>,
+    queue: Queue,
     cancel: Arc<AtomicBool>,
 ) -> impl FnMut(u64, u64) -> Result<Vec<u8>, LogError> + Send {
     move |position, len| {
         if cancel.load(Ordering::Relaxed) {
             return Err(LogError::Shutdown);
         }
-        read_raw_via(&tx, position, len)
+        read_raw_via(&queue, position, len)
     }
 }
 
 /// Rebuilds the index below the recovery point on a thread of its own, reading through the
 /// writer like any reader, and hands the result to the writer.
-fn spawn_backfill(job: Backfill, tx: Sender<Request>, cancel: Arc<AtomicBool>) {
+fn spawn_backfill(job: Backfill, queue: Queue, cancel: Arc<AtomicBool>) {
     let started = Instant::now();
-    let failed = tx.clone();
-    let done = tx.clone();
-    let mut read = cancellable_reads(tx, cancel);
+    let failed = queue.clone();
+    let done = queue.clone();
+    let mut read = cancellable_reads(queue, cancel);
     let run = move || {
         let result = job.run(&mut read);
         tracing::info!(
@@ -320,74 +360,4 @@ fn spawn_backfill(job: Backfill, tx: Sender<Request>, cancel: Arc<AtomicBool>) {
             "could not start the index rebuild: {e}"
         ))));
     }
-}
-
-/// The writer thread: take requests, step, wait on the device or the queue.
-fn run<D: BlockDevice>(mut w: Writer<D>, rx: Receiver<Request>, queue_capacity: usize) {
-    let start = Instant::now();
-    let now = || Now {
-        mono_ns: start.elapsed().as_nanos() as u64,
-        wall_ms: mkfs::now_ms(),
-    };
-    let mut closing = false;
-    loop {
-        let mut got = false;
-        while !closing && w.pending_len() < queue_capacity {
-            match rx.try_recv() {
-                Ok(r) => {
-                    w.submit(r);
-                    got = true;
-                }
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    closing = true;
-                    w.close();
-                }
-            }
-        }
-        let moved = w.step(now());
-        if w.fatal().is_some() {
-            // Everything still queued gets the error too; then the writer is gone.
-            drop_queue(&mut w, &rx);
-            break;
-        }
-        if closing && w.is_idle() {
-            break;
-        }
-        if moved || got {
-            continue;
-        }
-        if w.has_io_in_flight() {
-            w.wait_device(DEVICE_WAIT_SLICE);
-        } else if closing {
-            // Appends still waiting for space (on_full = refuse) fail after full_wait.
-            std::thread::sleep(Duration::from_millis(1));
-        } else {
-            // Appends still waiting (for space or the window) want the writer back soon; an idle
-            // writer only needs to wake for its idle superblock update.
-            let nap = if w.pending_len() > 0 {
-                Duration::from_millis(1)
-            } else {
-                Duration::from_millis(100)
-            };
-            match rx.recv_timeout(nap) {
-                Ok(r) => w.submit(r),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    closing = true;
-                    w.close();
-                }
-            }
-        }
-    }
-    w.shared().lock().stopped = true;
-    w.shared().notify();
-}
-
-fn drop_queue<D: BlockDevice>(w: &mut Writer<D>, rx: &Receiver<Request>) {
-    while let Ok(r) = rx.try_recv() {
-        w.submit(r);
-    }
-    w.shared().lock().stopped = true;
-    w.shared().notify();
 }

@@ -1,5 +1,7 @@
 //! Serving records: only below D, every one verified (storage.md §1).
 
+use bytes::Bytes;
+
 use crate::batch::check_batch;
 use crate::format::RecordKind;
 use crate::layout::Geometry;
@@ -14,7 +16,8 @@ pub struct Record {
     /// Offsets it holds (1 unless it was appended with a span).
     pub span: u32,
     pub position: u64,
-    pub payload: Vec<u8>,
+    /// The record's bytes (a view into the batch read, or into its cached copy).
+    pub payload: Bytes,
 }
 
 /// How long a read below the recovery point waits for the background index rebuild.
@@ -40,7 +43,8 @@ pub(crate) fn read(
 }
 
 /// The reader over any way of fetching raw log bytes: the writer thread's queue in production,
-/// a stepped writer in the deterministic simulator.
+/// a stepped writer in the deterministic simulator. Batches in the tail cache are taken from it
+/// instead, and checked the same way.
 pub fn read_with(
     shared: &Shared,
     geo: &Geometry,
@@ -49,6 +53,62 @@ pub fn read_with(
     max_bytes: usize,
     mut read_raw: impl FnMut(u64, u64) -> Result<Vec<u8>, LogError>,
 ) -> Result<Vec<Record>, LogError> {
+    let mut raw = |pos: u64, len: u64| {
+        // The cache's lock is let go before the device read: the writer takes it too.
+        let cached = shared.cache().get(pos, len);
+        match cached {
+            Some(b) => Ok(Some(b)),
+            None => read_raw(pos, len).map(|v| Some(Bytes::from(v))),
+        }
+    };
+    match read_from(shared, geo, partition, offset, max_bytes, true, &mut raw) {
+        Outcome::Done(r) => r,
+        // Not reached: every read above either returns bytes or an error, and this read waits.
+        Outcome::WouldBlock => Err(LogError::Unavailable(format!(
+            "partition {partition} offset {offset} cannot be read now"
+        ))),
+    }
+}
+
+/// Reads only what the tail cache holds, without waiting and without touching the device: for
+/// an event loop that must not block. None when the first batch wanted is not cached (or the
+/// index below the recovery point is still being rebuilt); otherwise the records of the cached
+/// batches from `offset` on, up to the first one that is not cached.
+pub fn read_cached(
+    shared: &Shared,
+    geo: &Geometry,
+    partition: u32,
+    offset: u64,
+    max_bytes: usize,
+) -> Option<Result<Vec<Record>, LogError>> {
+    let mut raw = |pos: u64, len: u64| {
+        let cached = shared.cache().get(pos, len);
+        Ok(cached)
+    };
+    match read_from(shared, geo, partition, offset, max_bytes, false, &mut raw) {
+        Outcome::Done(r) => Some(r),
+        Outcome::WouldBlock => None,
+    }
+}
+
+enum Outcome {
+    Done(Result<Vec<Record>, LogError>),
+    /// The read would have to wait (for the index rebuild) or read the device.
+    WouldBlock,
+}
+
+/// Raw bytes of a batch; `Ok(None)`: not available without blocking.
+type RawFn<'a> = dyn FnMut(u64, u64) -> Result<Option<Bytes>, LogError> + 'a;
+
+fn read_from(
+    shared: &Shared,
+    geo: &Geometry,
+    partition: u32,
+    offset: u64,
+    max_bytes: usize,
+    wait: bool,
+    read_raw: &mut RawFn<'_>,
+) -> Outcome {
     let entries = {
         // Below the part indexed so far, wait for the background rebuild (see `backfill`).
         let below_indexed = |s: &SharedState| {
@@ -56,36 +116,42 @@ pub fn read_with(
                 offset < v.durable_end && v.entries.front().is_none_or(|e| offset < e.first_offset)
             })
         };
-        let s = shared.wait_until(BACKFILL_WAIT, |s| !(s.backfill_pending && below_indexed(s)));
+        let s = if wait {
+            shared.wait_until(BACKFILL_WAIT, |s| !(s.backfill_pending && below_indexed(s)))
+        } else {
+            shared.lock()
+        };
         if s.backfill_pending && below_indexed(&s) {
-            return Err(LogError::Unavailable(format!(
+            if !wait {
+                return Outcome::WouldBlock;
+            }
+            return Outcome::Done(Err(LogError::Unavailable(format!(
                 "partition {partition} offset {offset} lies below the recovery point, whose index is still being rebuilt"
-            )));
+            ))));
         }
         if let Some(what) = &s.backfill_error {
             if below_indexed(&s) {
-                return Err(LogError::Corrupt {
+                return Outcome::Done(Err(LogError::Corrupt {
                     partition,
                     offset,
                     position: 0,
                     what: format!("the log below the recovery point could not be indexed: {what}"),
-                });
+                }));
             }
         }
-        let v = s
-            .partitions
-            .get(&partition)
-            .ok_or(LogError::UnknownPartition(partition))?;
+        let Some(v) = s.partitions.get(&partition) else {
+            return Outcome::Done(Err(LogError::UnknownPartition(partition)));
+        };
         if offset < v.start_offset || offset > v.durable_end {
-            return Err(LogError::OffsetOutOfRange {
+            return Outcome::Done(Err(LogError::OffsetOutOfRange {
                 partition,
                 offset,
                 start: v.start_offset,
                 end: v.durable_end,
-            });
+            }));
         }
         if offset == v.durable_end {
-            return Ok(Vec::new());
+            return Outcome::Done(Ok(Vec::new()));
         }
         let first = v.entries.partition_point(|e| e.end_offset <= offset);
         v.entries
@@ -100,9 +166,13 @@ pub fn read_with(
     let mut want = offset;
     for e in entries {
         let raw = match read_raw(e.batch_position, u64::from(e.batch_length)) {
-            Ok(r) => r,
-            Err(LogError::OffsetOutOfRange { .. }) => return out_of_range(shared, partition, want),
-            Err(err) => return Err(err),
+            Ok(Some(r)) => r,
+            Ok(None) if out.is_empty() => return Outcome::WouldBlock,
+            Ok(None) => break,
+            Err(LogError::OffsetOutOfRange { .. }) => {
+                return Outcome::Done(out_of_range(shared, partition, want))
+            }
+            Err(err) => return Outcome::Done(Err(err)),
         };
         let mut got = Vec::new();
         let checked = check_batch(
@@ -116,7 +186,7 @@ pub fn read_with(
                         offset: r.header.offset,
                         span: r.header.span,
                         position: r.header.position,
-                        payload: r.payload.to_vec(),
+                        payload: raw.slice_ref(r.payload),
                     });
                 }
             },
@@ -124,15 +194,15 @@ pub fn read_with(
         if let Err(fault) = checked {
             // A batch that retention freed meanwhile may have been overwritten: not corruption.
             if e.batch_position < shared.lock().head {
-                return out_of_range(shared, partition, want);
+                return Outcome::Done(out_of_range(shared, partition, want));
             }
-            return Err(corrupt(
+            return Outcome::Done(Err(corrupt(
                 shared,
                 partition,
                 want,
                 e.batch_position,
                 fault.to_string(),
-            ));
+            )));
         }
         // The batch must hold exactly the offsets the index says, in order, without gaps.
         let mut next = e.first_offset;
@@ -143,7 +213,7 @@ pub fn read_with(
         });
         if !contiguous || next != e.end_offset {
             let found: Vec<u64> = got.iter().map(|r| r.offset).collect();
-            return Err(corrupt(
+            return Outcome::Done(Err(corrupt(
                 shared,
                 partition,
                 want,
@@ -155,7 +225,7 @@ pub fn read_with(
                     e.first_offset,
                     e.end_offset
                 ),
-            ));
+            )));
         }
         let from = want;
         for r in got
@@ -170,7 +240,7 @@ pub fn read_with(
             break;
         }
     }
-    Ok(out)
+    Outcome::Done(Ok(out))
 }
 
 fn out_of_range(shared: &Shared, partition: u32, offset: u64) -> Result<Vec<Record>, LogError> {

@@ -5,6 +5,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
+use crate::cache::BatchCache;
+
 /// One batch's share of a partition: the partition's records in that batch start at
 /// `first_offset` and run to `end_offset` (exclusive).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,9 +117,25 @@ pub struct SharedState {
 pub struct Shared {
     state: Mutex<SharedState>,
     changed: Condvar,
+    /// Copies of the newest durable batches (its own lock: readers at the tail take it, not the
+    /// state's).
+    cache: Mutex<BatchCache>,
 }
 
 impl Shared {
+    /// Shared state with a tail cache of `cache_bytes`.
+    pub fn with_cache(cache_bytes: usize) -> Shared {
+        Shared {
+            cache: Mutex::new(BatchCache::new(cache_bytes)),
+            ..Shared::default()
+        }
+    }
+
+    /// The tail cache.
+    pub fn cache(&self) -> MutexGuard<'_, BatchCache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, SharedState> {
         // A panic while holding the lock would be a bug in the writer; readers still want to see
         // the state it left rather than poison everything.

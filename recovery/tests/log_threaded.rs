@@ -214,7 +214,7 @@ fn spans_on_a_file(test: &str, engine: Engine) {
         let recs = log.read(part, 3, 1 << 20).expect("read");
         let got: Vec<(u64, u32, &[u8])> = recs
             .iter()
-            .map(|r| (r.offset, r.span, r.payload.as_slice()))
+            .map(|r| (r.offset, r.span, &r.payload[..]))
             .collect();
         assert_eq!(got, vec![(1, 5, &b"five"[..]), (6, 1, &b"one more"[..])]);
         let view = log.partition(part).expect("partition");

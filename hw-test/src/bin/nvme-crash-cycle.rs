@@ -404,7 +404,7 @@ mod linux {
                 );
             };
             at = last.offset + u64::from(last.span);
-            got.extend(recs.into_iter().map(|r| (r.offset, r.payload)));
+            got.extend(recs.into_iter().map(|r| (r.offset, r.payload.to_vec())));
         }
         for x in ledger {
             let want = payload(seed, x.cycle, x.producer, x.seq);

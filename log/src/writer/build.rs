@@ -123,6 +123,9 @@ impl<D: BlockDevice> Writer<D> {
             let Some(p) = self.pending.pop_front() else {
                 break;
             };
+            if let Item::Data { payload, .. } = &p.item {
+                self.pending_bytes -= payload.len() as u64;
+            }
             match p.item {
                 Item::Data {
                     partition,
@@ -130,7 +133,7 @@ impl<D: BlockDevice> Writer<D> {
                     span,
                 } => {
                     let Some(st) = self.registry.get_mut(partition) else {
-                        (p.ack)(Err(LogError::UnknownPartition(partition)));
+                        self.answer(p.ack, Err(LogError::UnknownPartition(partition)));
                         continue;
                     };
                     let offset = st.next_offset;
@@ -162,7 +165,7 @@ impl<D: BlockDevice> Writer<D> {
                 }
                 Item::Create { topic, index: idx } => {
                     if self.registry.lookup(&topic, idx).is_some() {
-                        (p.ack)(Err(LogError::PartitionExists { topic, index: idx }));
+                        self.answer(p.ack, Err(LogError::PartitionExists { topic, index: idx }));
                         continue;
                     }
                     let id = self.registry.next_id();
@@ -230,6 +233,10 @@ impl<D: BlockDevice> Writer<D> {
         let link = self.last_hash;
         for (_, e) in &mut index {
             e.batch_length = len as u32;
+        }
+        if kind == BatchKind::Records && self.cfg.tail_cache_bytes > 0 {
+            // Readers at the tail are served this copy once the batch is durable.
+            self.shared.cache().stage(position, &buf[..len]);
         }
         let segs = self.geo.segments(position, len as u64);
         let mut ios = vec![];

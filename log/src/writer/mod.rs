@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blockdev::{BlockDevice, Completion, IoBuffer};
+use bytes::Bytes;
 
 use crate::backfill::{Backfill, Backfilled};
 use crate::batch::BatchBuilder;
@@ -32,13 +33,14 @@ use crate::shared::{IndexEntry, PartitionView, Shared};
 use crate::state::{encode_create, Registry, MAX_TOPIC_LEN};
 use crate::LogError;
 
+mod ack;
 mod build;
 mod reads;
 mod settle;
 mod space;
 
-/// Called once with the outcome of an append.
-pub type AckFn = Box<dyn FnOnce(Result<Appended, LogError>) + Send>;
+use ack::ack_all;
+pub use ack::{Ack, AckFn, TokenAck};
 /// Called once with the bytes of a log range, or why they could not be read.
 pub type ReadFn = Box<dyn FnOnce(Result<Vec<u8>, LogError>) + Send>;
 
@@ -120,7 +122,7 @@ const TAG_KIND: u64 = 0xff << 56;
 enum Item {
     Data {
         partition: u32,
-        payload: Vec<u8>,
+        payload: Bytes,
         span: u32,
     },
     Create {
@@ -131,13 +133,13 @@ enum Item {
 
 struct Pending {
     item: Item,
-    ack: AckFn,
+    ack: Ack,
     /// When the writer took it: ack latency is measured from here.
     since: Instant,
 }
 
 /// An acknowledgement waiting for its batch to become durable.
-type AckEntry = (AckFn, Appended, Instant);
+type AckEntry = (Ack, Appended, Instant);
 
 /// A batch between its submission and its durability.
 struct InFlight {
@@ -239,6 +241,10 @@ pub struct Writer<D: BlockDevice> {
     last_activity_ns: u64,
     fatal: Option<LogError>,
     shared: Arc<Shared>,
+    /// Token acks answered, waiting for the owner (`drain_acks`).
+    token_acks: Vec<TokenAck>,
+    /// Payload bytes in `pending`.
+    pending_bytes: u64,
 }
 
 /// Buffers the writer allocates at start and recycles; bounds memory to this many max batches.
@@ -288,7 +294,7 @@ impl<D: BlockDevice> Writer<D> {
                 }
             );
         }
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::with_cache(cfg.tail_cache_bytes));
         let mut w = Writer {
             dev,
             geo,
@@ -328,6 +334,8 @@ impl<D: BlockDevice> Writer<D> {
             last_activity_ns: 0,
             fatal: None,
             shared,
+            token_acks: Vec::new(),
+            pending_bytes: 0,
         };
         w.publish_initial(resume.index);
         Ok(w)
@@ -473,30 +481,7 @@ impl<D: BlockDevice> Writer<D> {
                 payload,
                 span,
                 ack,
-            } => {
-                if span == 0 {
-                    ack(Err(LogError::Config(
-                        "an append must take at least one offset".into(),
-                    )));
-                    return;
-                }
-                if payload.len() > self.max_payload() {
-                    ack(Err(LogError::RecordTooLarge {
-                        len: payload.len(),
-                        max: self.max_payload(),
-                    }));
-                    return;
-                }
-                self.pending.push_back(Pending {
-                    item: Item::Data {
-                        partition,
-                        payload,
-                        span,
-                    },
-                    ack,
-                    since: Instant::now(),
-                });
-            }
+            } => self.append(partition, Bytes::from(payload), span, Ack::Call(ack)),
             Request::CreatePartition { topic, index, ack } => {
                 if topic.is_empty() || topic.len() > MAX_TOPIC_LEN {
                     ack(Err(LogError::Config(format!(
@@ -507,7 +492,7 @@ impl<D: BlockDevice> Writer<D> {
                 }
                 self.pending.push_back(Pending {
                     item: Item::Create { topic, index },
-                    ack,
+                    ack: Ack::Call(ack),
                     since: Instant::now(),
                 });
             }
@@ -518,6 +503,45 @@ impl<D: BlockDevice> Writer<D> {
             } => self.start_read(position, len, reply),
             Request::Backfilled(result) => self.install_backfill(result),
         }
+    }
+
+    /// Queues one append of a record taking `span` offsets, answered through `ack` (a refusal too,
+    /// at once). The payload is copied once, into the device buffer of the batch that takes it.
+    /// This is `submit(Request::Append)` for an owner that steps the writer itself.
+    pub fn append(&mut self, partition: u32, payload: Bytes, span: u32, ack: Ack) {
+        if let Some(e) = &self.fatal {
+            let e = LogError::WriterStopped(e.to_string());
+            self.answer(ack, Err(e));
+            return;
+        }
+        if span == 0 {
+            let e = LogError::Config("an append must take at least one offset".into());
+            self.answer(ack, Err(e));
+            return;
+        }
+        if payload.len() > self.max_payload() {
+            let e = LogError::RecordTooLarge {
+                len: payload.len(),
+                max: self.max_payload(),
+            };
+            self.answer(ack, Err(e));
+            return;
+        }
+        self.pending_bytes += payload.len() as u64;
+        self.pending.push_back(Pending {
+            item: Item::Data {
+                partition,
+                payload,
+                span,
+            },
+            ack,
+            since: Instant::now(),
+        });
+    }
+
+    /// Payload bytes of the appends queued and not yet in a batch.
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending_bytes
     }
 
     /// Queued appends not yet in a batch.
@@ -559,8 +583,35 @@ impl<D: BlockDevice> Writer<D> {
         self.check_full(now);
         if moved {
             self.last_activity_ns = now.mono_ns;
+            // Hand what this step submitted to the device now: a queue-based device (io_uring,
+            // the NVMe queue pair) holds submissions until the next poll, and an owner that
+            // sleeps on the device's completion fd must not sleep with them unsent. Whatever
+            // completed meanwhile waits in `completions` for the next step.
+            if self.fatal.is_none() {
+                if let Err(e) = self.dev.poll(&mut self.completions) {
+                    self.fail(LogError::Device {
+                        op: "poll",
+                        source: e,
+                    });
+                }
+            }
         }
         moved
+    }
+
+    /// D: every byte of log below it is durable.
+    pub fn durable(&self) -> u64 {
+        self.durable
+    }
+
+    /// Completions collected but not yet handled: the owner should step again before sleeping.
+    pub fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
+    }
+
+    /// The device, for its completion fd (an owner's event loop sleeps on it).
+    pub fn device(&self) -> &D {
+        &self.dev
     }
 
     /// Waits up to `timeout` for a device completion (call when a step moved nothing and I/O is
@@ -592,19 +643,21 @@ impl<D: BlockDevice> Writer<D> {
         self.shared.lock().fatal = Some(err.to_string());
         self.shared.notify();
         let stopped = LogError::WriterStopped(err.to_string());
-        for b in self.batches.drain(..) {
+        for b in std::mem::take(&mut self.batches) {
             for (ack, _, _) in b.acks {
-                ack(Err(stopped.clone()));
+                self.answer(ack, Err(stopped.clone()));
             }
         }
-        for p in self.pending.drain(..) {
-            (p.ack)(Err(stopped.clone()));
+        self.pending_bytes = 0;
+        for p in std::mem::take(&mut self.pending) {
+            self.answer(p.ack, Err(stopped.clone()));
         }
         for (_, mut r) in self.reads.drain() {
             if let Some(reply) = r.reply.take() {
                 reply(Err(stopped.clone()));
             }
         }
+        self.shared.cache().discard_staged();
         self.fatal = Some(err);
     }
 

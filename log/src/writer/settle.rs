@@ -99,7 +99,12 @@ impl<D: BlockDevice> Writer<D> {
                 }
                 if !b.acked {
                     b.acked = true;
-                    ack_all(&self.shared, &mut b.acks, b.payload_bytes);
+                    ack_all(
+                        &self.shared,
+                        &mut self.token_acks,
+                        &mut b.acks,
+                        b.payload_bytes,
+                    );
                 }
             }
         }
@@ -120,6 +125,9 @@ impl<D: BlockDevice> Writer<D> {
         }
         if done.is_empty() {
             return;
+        }
+        if self.cfg.tail_cache_bytes > 0 {
+            self.shared.cache().publish_through(self.durable);
         }
         {
             let mut s = self.shared.lock();
@@ -160,7 +168,12 @@ impl<D: BlockDevice> Writer<D> {
             }
             if !b.acked {
                 b.acked = true;
-                ack_all(&self.shared, &mut b.acks, b.payload_bytes);
+                ack_all(
+                    &self.shared,
+                    &mut self.token_acks,
+                    &mut b.acks,
+                    b.payload_bytes,
+                );
             }
         }
     }
@@ -233,25 +246,5 @@ impl<D: BlockDevice> Writer<D> {
                 .flush_latency_us
                 .record(took / 1000);
         }
-    }
-}
-
-/// Acknowledges a batch's appends, in order, and counts them.
-fn ack_all(shared: &Shared, acks: &mut Vec<AckEntry>, payload_bytes: u64) {
-    if acks.is_empty() {
-        return;
-    }
-    {
-        let mut s = shared.lock();
-        s.stats.appends_acked += acks.len() as u64;
-        s.stats.payload_bytes_acked += payload_bytes;
-        for (_, _, since) in acks.iter() {
-            s.stats
-                .ack_latency_us
-                .record(since.elapsed().as_micros() as u64);
-        }
-    }
-    for (ack, a, _) in acks.drain(..) {
-        ack(Ok(a));
     }
 }

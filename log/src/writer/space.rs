@@ -131,6 +131,7 @@ impl<D: BlockDevice> Writer<D> {
 
     /// Forgets batches below the new head and moves partition start offsets past them.
     pub(super) fn drop_below(&mut self, head: u64) {
+        self.shared.cache().drop_below(head);
         while self.retained.front().is_some_and(|b| b.end <= head) {
             self.retained.pop_front();
         }
@@ -164,8 +165,9 @@ impl<D: BlockDevice> Writer<D> {
             return;
         }
         let needed = self.space_needed_head.saturating_sub(self.ring_floor());
-        for p in self.pending.drain(..) {
-            (p.ack)(Err(LogError::LogFull { needed }));
+        self.pending_bytes = 0;
+        for p in std::mem::take(&mut self.pending) {
+            self.answer(p.ack, Err(LogError::LogFull { needed }));
         }
         self.full_since_ns = None;
     }

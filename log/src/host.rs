@@ -1,0 +1,200 @@
+//! Running a writer: either on a thread of its own ([`crate::Log::start`]) or hosted by an event
+//! loop that steps it between its other work ([`crate::Log::hosted`]), so that a request that
+//! arrives, joins a batch, is flushed and is answered crosses no thread.
+//!
+//! Either way, requests from other threads (partition creation, reads for readers, the index
+//! rebuild and the scrub) come over the log's bounded queue; a hosted writer's owner is woken for
+//! them by its [`Doorbell`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blockdev::BlockDevice;
+use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+
+use crate::writer::{Now, Request, Writer};
+use crate::{mkfs, LogError};
+
+/// Wakes the owner of a hosted writer: called after a request was queued for it from another
+/// thread. It should cost nothing when the owner is awake (the owner drains the queue on its
+/// next turn anyway).
+pub trait Doorbell: Send + Sync {
+    fn ring(&self);
+}
+
+/// The sending side of a log's request queue: every send rings the owner's doorbell.
+#[derive(Clone)]
+pub(crate) struct Queue {
+    pub tx: Sender<Request>,
+    pub bell: Option<Arc<dyn Doorbell>>,
+}
+
+impl Queue {
+    pub fn send(&self, req: Request) -> Result<(), LogError> {
+        self.tx.send(req).map_err(|_| LogError::Shutdown)?;
+        if let Some(b) = &self.bell {
+            b.ring();
+        }
+        Ok(())
+    }
+}
+
+/// What a turn of the writer left to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// Something moved: turn again soon (after the owner's other work).
+    Moved,
+    /// Nothing to do until a request arrives, a device completion is ready, or `after` passes.
+    Idle {
+        /// I/O is in flight: a device completion will come.
+        io_in_flight: bool,
+        /// When the writer wants another turn even if nothing arrives (an idle superblock
+        /// update, appends waiting for space).
+        after: Duration,
+    },
+    /// The writer has stopped (closed and idle, or failed): it takes no more turns.
+    Stopped,
+}
+
+/// A writer with its request queue, stepped by its owner.
+pub struct Hosted<D: BlockDevice> {
+    writer: Writer<D>,
+    rx: Receiver<Request>,
+    queue_capacity: usize,
+    closing: bool,
+    stopped: bool,
+    start: Instant,
+}
+
+impl<D: BlockDevice> Hosted<D> {
+    pub(crate) fn new(writer: Writer<D>, rx: Receiver<Request>, queue_capacity: usize) -> Self {
+        Hosted {
+            writer,
+            rx,
+            queue_capacity,
+            closing: false,
+            stopped: false,
+            start: Instant::now(),
+        }
+    }
+
+    /// The writer, for appends straight from the owner's thread (`Writer::append` with token
+    /// acks) and for collecting those acks (`Writer::drain_acks`).
+    pub fn writer(&mut self) -> &mut Writer<D> {
+        &mut self.writer
+    }
+
+    /// Another receiving end of the request queue, so that the owner can see requests waiting
+    /// (before it sleeps) without taking them.
+    pub fn queue(&self) -> Receiver<Request> {
+        self.rx.clone()
+    }
+
+    /// D as the writer sees it.
+    pub fn durable(&self) -> u64 {
+        self.writer.durable()
+    }
+
+    /// The clocks for a step.
+    pub fn now(&self) -> Now {
+        Now {
+            mono_ns: self.start.elapsed().as_nanos() as u64,
+            wall_ms: mkfs::now_ms(),
+        }
+    }
+
+    /// Takes the requests queued from other threads, and steps the writer once.
+    pub fn turn(&mut self) -> Turn {
+        if self.stopped {
+            return Turn::Stopped;
+        }
+        let mut got = false;
+        while !self.closing && self.writer.pending_len() < self.queue_capacity {
+            match self.rx.try_recv() {
+                Ok(r) => {
+                    self.writer.submit(r);
+                    got = true;
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => self.close(),
+            }
+        }
+        let moved = self.writer.step(self.now());
+        if self.writer.fatal().is_some() {
+            // Everything still queued gets the error too; then the writer is gone.
+            while let Ok(r) = self.rx.try_recv() {
+                self.writer.submit(r);
+            }
+            return self.stop();
+        }
+        if self.closing && self.writer.is_idle() {
+            return self.stop();
+        }
+        if moved || got || self.writer.has_completions() {
+            return Turn::Moved;
+        }
+        // Appends still waiting (for space or the window) want the writer back soon; an idle
+        // writer only needs to wake for its idle superblock update.
+        let after = if self.writer.pending_len() > 0 || self.closing {
+            Duration::from_millis(1)
+        } else {
+            Duration::from_millis(100)
+        };
+        Turn::Idle {
+            io_in_flight: self.writer.has_io_in_flight(),
+            after,
+        }
+    }
+
+    /// The log handle is gone: finish what is held, then stop.
+    fn close(&mut self) {
+        if !self.closing {
+            self.closing = true;
+            self.writer.close();
+        }
+    }
+
+    fn stop(&mut self) -> Turn {
+        self.stopped = true;
+        self.writer.shared().lock().stopped = true;
+        self.writer.shared().notify();
+        Turn::Stopped
+    }
+
+    /// Blocks the calling thread until a request arrives, a completion is ready or `after`
+    /// passes (the thread runner's wait).
+    fn wait_on_thread(&mut self, io_in_flight: bool, after: Duration) {
+        if io_in_flight {
+            self.writer.wait_device(DEVICE_WAIT_SLICE.min(after));
+            return;
+        }
+        if self.closing {
+            // The queue is gone; appends still waiting for space fail after full_wait.
+            std::thread::sleep(after);
+            return;
+        }
+        match self.rx.recv_timeout(after) {
+            Ok(r) => self.writer.submit(r),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => self.close(),
+        }
+    }
+}
+
+/// How long the writer thread waits on the device before looking at the request queue again.
+/// Appends that arrive while a flush runs are picked up within this slice.
+const DEVICE_WAIT_SLICE: Duration = Duration::from_micros(100);
+
+/// The writer thread: turn, and wait on the device or the queue in between.
+pub(crate) fn run_thread<D: BlockDevice>(mut h: Hosted<D>) {
+    loop {
+        match h.turn() {
+            Turn::Moved => {}
+            Turn::Idle {
+                io_in_flight,
+                after,
+            } => h.wait_on_thread(io_in_flight, after),
+            Turn::Stopped => return,
+        }
+    }
+}
