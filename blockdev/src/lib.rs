@@ -118,7 +118,7 @@ pub trait BlockDevice: Send {
     /// A file descriptor that becomes readable when a completion may be waiting for `poll`, for
     /// owners that sleep in an event loop; `None`: the device must be polled.
     #[cfg(unix)]
-    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+    fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
 }
@@ -152,7 +152,7 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
         (**self).in_flight()
     }
     #[cfg(unix)]
-    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+    fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         (**self).completion_fd()
     }
 }

@@ -118,7 +118,11 @@ pub struct Broker {
     /// One producer snapshot queued at a time, so that the log holds them in the order they
     /// were taken and the parts of two never interleave.
     snapshot_lock: tokio::sync::Mutex<()>,
-    durable: watch::Receiver<u64>,
+    /// Bumped whenever a durable position or the partition table moved: long-polling fetches
+    /// wait on it.
+    durable: watch::Sender<u64>,
+    /// Every device's log (device 0 holds the internal partitions).
+    logs: Vec<Arc<Log>>,
     /// Appends queued or in flight in the log: kept below the log's queue capacity, so that a
     /// queueing append never blocks a runtime thread.
     append_permits: Arc<Semaphore>,
@@ -149,7 +153,31 @@ impl Broker {
         queue_capacity: usize,
         cfg: Config,
     ) -> Result<Arc<Broker>, FrontendError> {
-        let log = Arc::new(log);
+        Broker::open_logs(vec![log], queue_capacity, cfg, true)
+    }
+
+    /// Like `open`, over logs whose writers an event loop hosts: the loop tells the broker when
+    /// D moves (`durable_moved`).
+    pub fn open_many(
+        logs: Vec<Log>,
+        queue_capacity: usize,
+        cfg: Config,
+    ) -> Result<Arc<Broker>, FrontendError> {
+        Broker::open_logs(logs, queue_capacity, cfg, false)
+    }
+
+    fn open_logs(
+        logs: Vec<Log>,
+        queue_capacity: usize,
+        cfg: Config,
+        watch_thread: bool,
+    ) -> Result<Arc<Broker>, FrontendError> {
+        let logs: Vec<Arc<Log>> = logs.into_iter().map(Arc::new).collect();
+        let Some(log) = logs.first().cloned() else {
+            return Err(FrontendError::Config(
+                "a broker needs at least one log".into(),
+            ));
+        };
         let internal = |topic: &str| -> Result<u32, FrontendError> {
             match log.partition_id(topic, 0) {
                 Some(id) => Ok(id),
@@ -226,11 +254,12 @@ impl Broker {
         let producers = Arc::new(Producers::new(cfg.producer_id_expiration));
         let startup = rebuild_producers(&log, &topics, snapshots, &producers)?;
 
-        let (tx, rx) = watch::channel(0u64);
+        let (tx, _) = watch::channel(0u64);
         let stop = Arc::new(AtomicBool::new(false));
-        {
+        if watch_thread {
             let shared = log.shared().clone();
             let stop = stop.clone();
+            let tx = tx.clone();
             let spawned = std::thread::Builder::new()
                 .name("nvmq-durable-watch".into())
                 .spawn(move || durable_watch(&shared, &tx, &stop));
@@ -246,7 +275,8 @@ impl Broker {
             topics: Mutex::new(topics),
             create_lock: tokio::sync::Mutex::new(()),
             snapshot_lock: tokio::sync::Mutex::new(()),
-            durable: rx,
+            durable: tx,
+            logs,
             append_permits: Arc::new(Semaphore::new(append_capacity as usize)),
             read_permits: Arc::new(Semaphore::new((permits / 8).max(1))),
             meta_partition,
@@ -364,7 +394,24 @@ impl Broker {
 
     /// A receiver that changes whenever the durable position or the partition table moved.
     pub fn durable_changes(&self) -> watch::Receiver<u64> {
-        self.durable.clone()
+        self.durable.subscribe()
+    }
+
+    /// A hosted writer's D moved: wakes the long-polling fetches.
+    pub fn durable_moved(&self) {
+        self.durable.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Every device's log.
+    pub fn logs(&self) -> &[Arc<Log>] {
+        &self.logs
+    }
+
+    /// Asks every log's writer to finish and stop (see `Log::close`).
+    pub fn close_logs(&self) {
+        for l in &self.logs {
+            l.close();
+        }
     }
 
     /// Creates `partitions` partitions of a new topic; Ok(false) if the topic exists already.
@@ -718,13 +765,11 @@ fn durable_watch(shared: &nvmq_log::Shared, tx: &watch::Sender<u64>, stop: &Atom
         if now != seen {
             seen = now;
             tick += 1;
-            if tx.send(tick).is_err() {
-                return;
-            }
+            tx.send_replace(tick);
         }
         if done {
             // Wake every waiter one last time; they will find the log stopped.
-            let _ = tx.send(tick + 1);
+            tx.send_replace(tick + 1);
             return;
         }
     }

@@ -1,6 +1,6 @@
-//! One client connection: frames in, requests decoded and started in order, answers written in
-//! the same order. Many requests may be in flight (pipelining): the reader starts each one (its
-//! appends are queued in request order) and hands the writer a future for its answer.
+//! Requests as the connections see them: frames cut from the input, headers parsed and checked,
+//! and each request started, its answer a future (the event loop keeps them in order; see
+//! `reactor`). Produce and tail Fetches take the loop's fast path instead (`reactor::fast`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,10 +9,6 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Encodable};
-use std::collections::VecDeque;
-use std::task::Poll;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::TcpStream;
 
 use crate::broker::Broker;
 use crate::versions::{self, Support};
@@ -71,6 +67,31 @@ impl Ctx {
         let out = self.encode(body);
         Box::pin(async move { out })
     }
+
+    /// Encodes an answer at the end of `out` (length, header, body); false (and `out` as it was)
+    /// when the body does not encode.
+    pub fn encode_into<R: Encodable>(&self, body: &R, out: &mut Vec<u8>) -> bool {
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        let mut header = ResponseHeader::default();
+        header.correlation_id = self.correlation_id;
+        let hv = self.api.response_header_version(self.version);
+        let r = header
+            .encode(out, hv)
+            .and_then(|_| body.encode(out, self.version));
+        match r {
+            Ok(()) => {
+                let len = (out.len() - at - 4) as i32;
+                out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+                true
+            }
+            Err(e) => {
+                out.truncate(at);
+                tracing::error!(api = ?self.api, version = self.version, error = %e, "could not encode a response; closing the connection");
+                false
+            }
+        }
+    }
 }
 
 /// Why a connection is closed instead of answered.
@@ -88,113 +109,8 @@ pub enum Refusal {
     Malformed { what: String, why: String },
 }
 
-/// What the connection's task waits for next.
-enum Event {
-    /// The oldest request's answer is ready.
-    Answer(Outcome),
-    /// Bytes arrived (0: the client closed its side).
-    Input(std::io::Result<usize>),
-    /// Nothing is ready: time to push buffered answers out.
-    Idle,
-}
-
-/// One task per connection: it reads and starts requests, and writes answers in request order as
-/// they complete. The oldest answer and new input are awaited together, so an ack wakes this task
-/// once and its answer goes out at once.
-pub async fn serve(broker: Arc<Broker>, stream: TcpStream) {
-    let peer = stream.peer_addr().ok();
-    let _ = stream.set_nodelay(true);
-    let (mut rd, wr) = stream.into_split();
-    let mut wr = BufWriter::with_capacity(64 << 10, wr);
-    let mut input = BytesMut::with_capacity(64 << 10);
-    let mut pending: VecDeque<Reply> = VecDeque::new();
-    let max_in_flight = broker.cfg.max_in_flight_per_connection.max(1);
-    let max = broker.cfg.max_frame;
-    let mut eof = false;
-    let mut unflushed = false;
-    loop {
-        while !eof && pending.len() < max_in_flight {
-            let frame = match next_frame(&mut input, max) {
-                Ok(Some(f)) => f,
-                Ok(None) => break,
-                Err(r) => {
-                    tracing::warn!(?peer, error = %r, "closing connection");
-                    eof = true;
-                    break;
-                }
-            };
-            match start(&broker, frame).await {
-                Ok(reply) => pending.push_back(reply),
-                Err(r) => {
-                    tracing::warn!(?peer, error = %r, "closing connection");
-                    eof = true;
-                }
-            }
-        }
-        if eof && pending.is_empty() {
-            let _ = wr.flush().await;
-            return;
-        }
-        let reading = !eof && pending.len() < max_in_flight;
-        let idle = pending.is_empty() && !unflushed;
-        let next = std::future::poll_fn(|cx| {
-            if let Some(front) = pending.front_mut() {
-                if let Poll::Ready(o) = front.as_mut().poll(cx) {
-                    return Poll::Ready(Event::Answer(o));
-                }
-            }
-            if reading {
-                input.reserve(64 << 10);
-                let read = rd.read_buf(&mut input);
-                tokio::pin!(read);
-                if let Poll::Ready(r) = read.poll(cx) {
-                    return Poll::Ready(Event::Input(r));
-                }
-            }
-            if unflushed {
-                return Poll::Ready(Event::Idle);
-            }
-            Poll::Pending
-        });
-        let event = if idle {
-            match tokio::time::timeout(broker.cfg.idle_timeout, next).await {
-                Ok(e) => e,
-                Err(_) => {
-                    tracing::info!(?peer, "closing an idle connection");
-                    return;
-                }
-            }
-        } else {
-            next.await
-        };
-        match event {
-            Event::Answer(o) => {
-                pending.pop_front();
-                match o {
-                    Outcome::Send(b) => {
-                        if wr.write_all(&b).await.is_err() {
-                            return;
-                        }
-                        unflushed = true;
-                    }
-                    Outcome::Nothing => {}
-                    Outcome::Close => return,
-                }
-            }
-            Event::Input(Ok(0)) | Event::Input(Err(_)) => eof = true,
-            Event::Input(Ok(_)) => {}
-            Event::Idle => {
-                if wr.flush().await.is_err() {
-                    return;
-                }
-                unflushed = false;
-            }
-        }
-    }
-}
-
 /// Takes one whole request frame (without its length) off the front of `input`, if there.
-fn next_frame(input: &mut BytesMut, max: usize) -> Result<Option<Bytes>, Refusal> {
+pub fn next_frame(input: &mut BytesMut, max: usize) -> Result<Option<Bytes>, Refusal> {
     if input.len() < 4 {
         return Ok(None);
     }
@@ -214,8 +130,16 @@ fn next_frame(input: &mut BytesMut, max: usize) -> Result<Option<Bytes>, Refusal
     Ok(Some(frame.freeze()))
 }
 
-/// Decodes one request and starts it; the reply future finishes it.
-pub async fn start(broker: &Arc<Broker>, mut frame: Bytes) -> Result<Reply, Refusal> {
+/// A request whose header was read and checked.
+pub enum Parsed {
+    /// Its body (after the header), to be started.
+    Request(Ctx, Bytes),
+    /// Answered already (an ApiVersions version nvmq does not serve).
+    Answered(Reply),
+}
+
+/// Reads and checks a request's header and the shape of its body.
+pub fn parse(mut frame: Bytes) -> Result<Parsed, Refusal> {
     if frame.len() < 8 {
         return Err(Refusal::Short(frame.len()));
     }
@@ -233,7 +157,7 @@ pub async fn start(broker: &Arc<Broker>, mut frame: Bytes) -> Result<Reply, Refu
                 correlation_id,
                 client_id: String::new(),
             };
-            return Ok(admin::api_versions_unsupported(&ctx));
+            return Ok(Parsed::Answered(admin::api_versions_unsupported(&ctx)));
         }
         Support::Unsupported => return Err(Refusal::Version { api, version }),
         Support::Served => {}
@@ -257,8 +181,22 @@ pub async fn start(broker: &Arc<Broker>, mut frame: Bytes) -> Result<Reply, Refu
             .map(|s| s.as_str().to_string())
             .unwrap_or_default(),
     };
+    Ok(Parsed::Request(ctx, frame))
+}
+
+/// Decodes one request and starts it; the reply future finishes it.
+pub async fn start(broker: &Arc<Broker>, frame: Bytes) -> Result<Reply, Refusal> {
+    match parse(frame)? {
+        Parsed::Answered(r) => Ok(r),
+        Parsed::Request(ctx, body) => dispatch(broker, &ctx, body).await,
+    }
+}
+
+/// Starts a parsed request.
+pub async fn dispatch(broker: &Arc<Broker>, ctx: &Ctx, mut frame: Bytes) -> Result<Reply, Refusal> {
     let b = broker;
-    let reply = match api {
+    let ctx = ctx.clone();
+    let reply = match ctx.api {
         ApiKey::ApiVersions => admin::api_versions(&ctx),
         ApiKey::Metadata => admin::metadata(b, &ctx, decode(&ctx, &mut frame)?).await,
         ApiKey::Produce => produce::produce(b, &ctx, decode(&ctx, &mut frame)?).await,
@@ -282,7 +220,7 @@ pub async fn start(broker: &Arc<Broker>, mut frame: Bytes) -> Result<Reply, Refu
     Ok(reply)
 }
 
-fn decode<T: Decodable>(ctx: &Ctx, frame: &mut Bytes) -> Result<T, Refusal> {
+pub fn decode<T: Decodable>(ctx: &Ctx, frame: &mut Bytes) -> Result<T, Refusal> {
     T::decode(frame, ctx.version).map_err(|e| Refusal::Malformed {
         what: format!("{:?} v{} request", ctx.api, ctx.version),
         why: e.to_string(),

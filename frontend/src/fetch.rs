@@ -17,7 +17,7 @@ use nvmq_log::LogError;
 use crate::batch;
 use crate::broker::Broker;
 use crate::codes;
-use crate::conn::{Ctx, Reply};
+use crate::conn::{Ctx, Outcome, Reply};
 use crate::produce::log_error_code;
 
 /// Longest a fetch may be held, whatever the client asks.
@@ -30,9 +30,29 @@ pub fn fetch(b: &Arc<Broker>, ctx: &Ctx, req: FetchRequest) -> Reply {
         let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(MAX_WAIT);
         let deadline = tokio::time::Instant::now() + wait;
         let mut changes = b.durable_changes();
+        let req = Arc::new(req);
         loop {
             changes.borrow_and_update();
-            let (resp, bytes, failed) = read_once(&b, &ctx, &req).await;
+            let (resp, bytes, failed) = match read_once(&b, &ctx, &req, &mut cached) {
+                Some(r) => r,
+                None => {
+                    // Older than the tail cache: read the device off the loop's thread.
+                    let (b2, c2, r2) = (b.clone(), ctx.clone(), req.clone());
+                    let read = b.blocking(move |_| {
+                        read_once(&b2, &c2, &r2, &mut |b, id, o, m| {
+                            Some(read_partition(b, id, o, m))
+                        })
+                    });
+                    match read.await {
+                        Ok(Some(r)) => r,
+                        Ok(None) | Err(_) => {
+                            let mut resp = FetchResponse::default();
+                            resp.error_code = codes::KAFKA_STORAGE_ERROR;
+                            return ctx.encode(&resp);
+                        }
+                    }
+                }
+            };
             if failed
                 || bytes >= i64::from(req.min_bytes.max(1))
                 || tokio::time::Instant::now() >= deadline
@@ -47,9 +67,27 @@ pub fn fetch(b: &Arc<Broker>, ctx: &Ctx, req: FetchRequest) -> Reply {
     })
 }
 
+/// Answers a Fetch at once if every partition it asks for can be read from the tail cache and
+/// it need not wait (enough bytes, or no wait asked): the event loop's fast path. None: take the
+/// long way (`fetch`).
+pub fn try_now(b: &Broker, ctx: &Ctx, req: &FetchRequest) -> Option<Outcome> {
+    let (resp, bytes, failed) = read_once(b, ctx, req, &mut cached)?;
+    let wait = req.max_wait_ms > 0;
+    (failed || bytes >= i64::from(req.min_bytes.max(1)) || !wait).then(|| ctx.encode(&resp))
+}
+
+/// Reads a partition's records for a fetch; None when it would block.
+type PartitionRead<'a> =
+    dyn FnMut(&Broker, u32, u64, usize) -> Option<Result<Bytes, LogError>> + 'a;
+
 /// One pass over the requested partitions: (response, bytes of records, whether any partition
-/// answered with an error).
-async fn read_once(b: &Arc<Broker>, ctx: &Ctx, req: &FetchRequest) -> (FetchResponse, i64, bool) {
+/// answered with an error); None if `read` could not read a partition without blocking.
+fn read_once(
+    b: &Broker,
+    ctx: &Ctx,
+    req: &FetchRequest,
+    read: &mut PartitionRead<'_>,
+) -> Option<(FetchResponse, i64, bool)> {
     let mut resp = FetchResponse::default();
     let mut budget = i64::from(req.max_bytes.max(0));
     if ctx.version < 3 || budget == 0 {
@@ -87,7 +125,7 @@ async fn read_once(b: &Arc<Broker>, ctx: &Ctx, req: &FetchRequest) -> (FetchResp
                 failed = true;
             } else if (offset as u64) < end && (budget > 0 || total == 0) {
                 let max = i64::from(p.partition_max_bytes.max(1)).min(budget.max(1)) as usize;
-                match read_partition(b, id, offset as u64, max).await {
+                match read(b, id, offset as u64, max)? {
                     Ok(records) => {
                         total += records.len() as i64;
                         budget -= records.len() as i64;
@@ -106,13 +144,23 @@ async fn read_once(b: &Arc<Broker>, ctx: &Ctx, req: &FetchRequest) -> (FetchResp
         }
         resp.responses.push(tr);
     }
-    (resp, total, failed)
+    Some((resp, total, failed))
+}
+
+/// A partition's records from the tail cache only (None: not all there).
+fn cached(b: &Broker, id: u32, offset: u64, max: usize) -> Option<Result<Bytes, LogError>> {
+    let log = b.log();
+    let recs = nvmq_log::read_cached(log.shared(), &log.geometry(), id, offset, max)?;
+    Some(recs.map(|r| concat(r, max)))
 }
 
 /// Whole stored batches from the one holding `offset`, each with the offset the log gave it
-/// written into its baseOffset; the first always, the rest while they fit `max`.
-async fn read_partition(b: &Broker, id: u32, offset: u64, max: usize) -> Result<Bytes, LogError> {
-    let records = b.blocking(move |log| log.read(id, offset, max)).await??;
+/// written into its baseOffset; the first always, the rest while they fit `max`. Blocking.
+fn read_partition(b: &Broker, id: u32, offset: u64, max: usize) -> Result<Bytes, LogError> {
+    Ok(concat(b.log().read(id, offset, max)?, max))
+}
+
+fn concat(records: Vec<nvmq_log::Record>, max: usize) -> Bytes {
     let mut out = Vec::new();
     for r in records {
         if !out.is_empty() && out.len() + r.payload.len() > max {
@@ -122,7 +170,7 @@ async fn read_partition(b: &Broker, id: u32, offset: u64, max: usize) -> Result<
         out.extend_from_slice(&r.payload);
         batch::set_base_offset(&mut out[at..], r.offset);
     }
-    Ok(Bytes::from(out))
+    Bytes::from(out)
 }
 
 pub fn list_offsets(b: &Arc<Broker>, ctx: &Ctx, req: ListOffsetsRequest) -> Reply {

@@ -16,12 +16,13 @@ pub mod offsets;
 pub mod produce;
 pub mod producer_snapshots;
 pub mod producers;
+pub mod reactor;
 pub mod server;
 pub mod shape;
 pub mod versions;
 
 pub use broker::{Broker, Config, Startup};
-pub use server::serve;
+pub use reactor::{Server, ServerOptions};
 
 use nvmq_log::LogError;
 
@@ -42,6 +43,8 @@ pub enum FrontendError {
     },
     #[error("could not start a thread: {0}")]
     Thread(String),
+    #[error("bad configuration: {0}")]
+    Config(String),
     #[error("network error while {op}: {source}")]
     Io {
         op: &'static str,

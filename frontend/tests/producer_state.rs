@@ -11,13 +11,12 @@ use bytes::Bytes;
 use frontend::client::{record_batch, Client};
 use frontend::meta::{MetaRecord, ProducerSnap, ProducerStatePart, StoredBatch};
 use frontend::producers::{PartitionSnap, Producers};
-use frontend::{Broker, Config, Startup};
+use frontend::{Broker, Config, Server, ServerOptions, Startup};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{MetadataRequest, ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use nvmq_log::{FlushMode, FormatOptions, Log, LogConfig};
-use tokio::sync::oneshot;
+use nvmq_log::{FlushMode, FormatOptions, LogConfig};
 
 const TOPIC: &str = "idem";
 
@@ -30,7 +29,20 @@ fn device(seed: u64) -> (SimDevice, SimHandle) {
     (dev, handle)
 }
 
-fn open(dev: SimDevice, flush: FlushMode) -> Arc<Broker> {
+/// A broker serving the log on `dev` (dropping it stops it like a crash).
+struct Opened {
+    server: Server,
+    b: Arc<Broker>,
+}
+
+impl std::ops::Deref for Opened {
+    type Target = Broker;
+    fn deref(&self) -> &Broker {
+        &self.b
+    }
+}
+
+fn open(dev: SimDevice, flush: FlushMode) -> Opened {
     let lc = LogConfig {
         flush,
         ..LogConfig::default()
@@ -40,23 +52,27 @@ fn open(dev: SimDevice, flush: FlushMode) -> Arc<Broker> {
         default_partitions: 2,
         ..Config::default()
     };
-    Broker::open(Log::start(w, lc.queue_capacity), lc.queue_capacity, cfg).expect("broker")
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let opts = ServerOptions {
+        loops: 2,
+        pin: false,
+        queue_capacity: lc.queue_capacity,
+        ..ServerOptions::default()
+    };
+    let server = Server::start(vec![w], l, cfg, opts).expect("server");
+    let b = server.broker().clone();
+    Opened { server, b }
 }
 
 struct Node {
     b: Arc<Broker>,
     c: Client,
-    stop: oneshot::Sender<()>,
-    served: tokio::task::JoinHandle<Result<(), frontend::FrontendError>>,
+    server: Server,
 }
 
-async fn start(b: Arc<Broker>) -> Node {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let (stop, rx) = oneshot::channel::<()>();
-    let served = tokio::spawn(frontend::serve(b.clone(), l, async {
-        let _ = rx.await;
-    }));
+async fn start(o: Opened) -> Node {
+    let Opened { server, b } = o;
+    let addr = server.local_addr();
     let mut c = Client::connect(addr, "t").await.unwrap();
     let mut md = MetadataRequest::default();
     let mut mt = MetadataRequestTopic::default();
@@ -65,15 +81,17 @@ async fn start(b: Arc<Broker>) -> Node {
     md.allow_auto_topic_creation = true;
     let r = c.call(8, &md).await.unwrap();
     assert_eq!(r.topics[0].partitions.len(), 2);
-    Node { b, c, stop, served }
+    Node { b, c, server }
 }
 
 impl Node {
     /// Stops serving the clean way (in-flight appends acknowledged, last snapshot taken).
     async fn shut_down(self) -> Arc<Broker> {
-        let _ = self.stop.send(());
-        self.served.await.unwrap().unwrap();
-        self.b
+        let Node { server, .. } = self;
+        tokio::task::spawn_blocking(move || server.shutdown())
+            .await
+            .unwrap()
+            .unwrap()
     }
 }
 

@@ -49,10 +49,9 @@ async fn state_survives_the_ring_wrapping_over_it_and_a_power_cut() {
         ..FormatOptions::default()
     };
     nvmq_log::mkfs::format(&mut dev, &fmt).expect("format");
-    let b = open(dev);
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(frontend::serve(b.clone(), l, std::future::pending()));
+    let server = common::server_on(dev, Config::default());
+    let addr = server.local_addr();
+    let b = server.broker().clone();
     let mut cl = Client::connect(addr, "t").await.unwrap();
 
     let mut md = MetadataRequest::default();
@@ -116,6 +115,7 @@ async fn state_survives_the_ring_wrapping_over_it_and_a_power_cut() {
     );
 
     handle.power_cut();
+    server.kill();
     let b2 = open(handle.power_on());
     let got = b2
         .offsets()

@@ -345,7 +345,7 @@ async fn create_partitions_grows_a_topic_and_refuses_to_shrink_it() {
     };
     let code = |r: kafka_protocol::messages::CreatePartitionsResponse| r.results[0].error_code;
     assert_eq!(code(c.call(1, &req("grow", 3)).await.unwrap()), 0);
-    assert_eq!(b.topics().map["grow"].len(), 3);
+    assert_eq!(b.broker().topics().map["grow"].len(), 3);
     assert_eq!(
         code(c.call(1, &req("grow", 2)).await.unwrap()),
         codes::INVALID_PARTITIONS

@@ -108,6 +108,9 @@ impl<D: BlockDevice> Hosted<D> {
         if self.stopped {
             return Turn::Stopped;
         }
+        if !self.closing && self.writer.shared().close_requested() {
+            self.close();
+        }
         let mut got = false;
         while !self.closing && self.writer.pending_len() < self.queue_capacity {
             match self.rx.try_recv() {
@@ -155,6 +158,10 @@ impl<D: BlockDevice> Hosted<D> {
     }
 
     fn stop(&mut self) -> Turn {
+        // Whoever still waits in the queue hears that the log is gone.
+        while let Ok(r) = self.rx.try_recv() {
+            refuse(r, LogError::Shutdown);
+        }
         self.stopped = true;
         self.writer.shared().lock().stopped = true;
         self.writer.shared().notify();
@@ -178,6 +185,25 @@ impl<D: BlockDevice> Hosted<D> {
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => self.close(),
         }
+    }
+}
+
+impl<D: BlockDevice> Drop for Hosted<D> {
+    /// An owner that goes away without turning the writer to its end (a killed event loop):
+    /// whoever waits for the log to stop, or in its queue, hears that it is gone.
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.stop();
+        }
+    }
+}
+
+/// Answers a request the writer will never take.
+fn refuse(req: Request, err: LogError) {
+    match req {
+        Request::Append { ack, .. } | Request::CreatePartition { ack, .. } => ack(Err(err)),
+        Request::Read { reply, .. } => reply(Err(err)),
+        Request::Backfilled(_) => {}
     }
 }
 

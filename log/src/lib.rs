@@ -275,6 +275,15 @@ impl Log {
         self.max_payload
     }
 
+    /// Asks the writer to finish what it holds and stop, without waiting (a hosted writer's owner
+    /// sees it on its next turn). Requests sent after it are refused once the writer stopped.
+    pub fn close(&self) {
+        self.shared.request_close();
+        if let Some(b) = self.queue.as_ref().and_then(|q| q.bell.as_ref()) {
+            b.ring();
+        }
+    }
+
     /// Stops taking requests, lets the writer finish what it holds, and waits for it.
     pub fn shutdown(mut self) {
         self.stop();

@@ -3,6 +3,7 @@
 //! could take back (storage.md §1, "Reads keep the promise too").
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::cache::BatchCache;
@@ -120,6 +121,8 @@ pub struct Shared {
     /// Copies of the newest durable batches (its own lock: readers at the tail take it, not the
     /// state's).
     cache: Mutex<BatchCache>,
+    /// The log was asked to close (`Log::close`): the writer finishes what it holds and stops.
+    close: AtomicBool,
 }
 
 impl Shared {
@@ -129,6 +132,16 @@ impl Shared {
             cache: Mutex::new(BatchCache::new(cache_bytes)),
             ..Shared::default()
         }
+    }
+
+    /// Asks the writer to finish what it holds and stop.
+    pub fn request_close(&self) {
+        self.close.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the log was asked to close.
+    pub fn close_requested(&self) -> bool {
+        self.close.load(Ordering::SeqCst)
     }
 
     /// The tail cache.

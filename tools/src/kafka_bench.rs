@@ -180,6 +180,7 @@ pub fn run(args: KafkaBenchArgs) -> Result<()> {
         .build()
         .context("starting the runtime")?;
     let mut log_handle: Option<Arc<Log>> = None;
+    let mut server: Option<frontend::Server> = None;
     let addr = match &args.broker {
         Some(a) => a.clone(),
         None => {
@@ -203,12 +204,15 @@ pub fn run(args: KafkaBenchArgs) -> Result<()> {
             };
             let queue = cfg.queue_capacity;
             let (w, _) = recovery::open(dev, cfg).context("opening the formatted device")?;
-            let broker =
-                frontend::Broker::open(Log::start(w, queue), queue, frontend::Config::default())?;
-            log_handle = Some(broker.log().clone());
-            let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
-            let a = listener.local_addr()?.to_string();
-            rt.spawn(frontend::serve(broker, listener, std::future::pending()));
+            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let opts = frontend::ServerOptions {
+                queue_capacity: queue,
+                ..frontend::ServerOptions::default()
+            };
+            let s = frontend::Server::start(vec![w], listener, frontend::Config::default(), opts)?;
+            log_handle = Some(s.broker().log().clone());
+            let a = s.local_addr().to_string();
+            server = Some(s);
             a
         }
     };
@@ -278,5 +282,8 @@ pub fn run(args: KafkaBenchArgs) -> Result<()> {
         anyhow::Ok(())
     })?;
     rt.shutdown_timeout(Duration::from_secs(2));
+    if let Some(s) = server {
+        s.shutdown()?;
+    }
     Ok(())
 }

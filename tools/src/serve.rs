@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use nvmq_log::{FlushMode, FormatOptions, Log, LogConfig};
+use nvmq_log::{FlushMode, FormatOptions, LogConfig};
 
 use crate::devspec::DeviceSpec;
 
@@ -50,6 +50,13 @@ pub struct ServeArgs {
     /// `kafka-bench` comparisons only.
     #[arg(long)]
     pub ceiling: bool,
+    /// Event loops (threads), each owning its connections and, for the loop owning a device,
+    /// that device's writer; 0: one per core.
+    #[arg(long, default_value_t = 0)]
+    pub loops: usize,
+    /// Do not pin loop i to core i.
+    #[arg(long)]
+    pub no_pin: bool,
     /// Serve Prometheus metrics on http://<addr>/metrics (e.g. 127.0.0.1:9464).
     #[arg(long)]
     pub metrics_addr: Option<String>,
@@ -90,17 +97,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let (writer, report) =
         recovery::open(dev, cfg).with_context(|| format!("opening the log on {}", args.device))?;
     println!("{report}");
-    let log = Log::start(writer, queue);
     println!(
         "{}",
-        flush.loss_window(log.geometry().window).unwrap_or_else(|| {
+        flush.loss_window(writer.geometry().window).unwrap_or_else(|| {
             "flush mode always: every ack follows the device flush covering it; a power cut loses no acknowledged record".into()
         })
     );
     let _metrics_server = match &args.metrics_addr {
         Some(addr) => {
             let metrics = Arc::new(crate::metrics::Metrics::new());
-            metrics.attach_log(log.shared().clone(), log.geometry());
+            metrics.attach_log(writer.shared(), writer.geometry());
             metrics.set_recovery(&report);
             let server = crate::metrics::MetricsServer::start(addr.as_str(), metrics)
                 .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
@@ -110,14 +116,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => None,
     };
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("nvmq-net")
-        .build()
-        .context("starting the network runtime")?;
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind(listen))
-        .with_context(|| format!("listening on {listen}"))?;
+    let listener =
+        std::net::TcpListener::bind(listen).with_context(|| format!("listening on {listen}"))?;
     let bound = listener.local_addr().context("reading the bound address")?;
     let (host, port) = match &args.advertise {
         Some(a) => {
@@ -149,8 +149,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ..frontend::Config::default()
     };
     let opened = std::time::Instant::now();
-    let broker = frontend::Broker::open(log, queue, fcfg).context("opening the broker state")?;
-    let st = broker.startup();
+    let opts = frontend::ServerOptions {
+        loops: args.loops,
+        pin: !args.no_pin,
+        queue_capacity: queue,
+        ..frontend::ServerOptions::default()
+    };
+    let server = frontend::Server::start(vec![writer], listener, fcfg, opts)
+        .context("opening the broker state")?;
+    let st = server.broker().startup();
     println!(
         "producer state: {} partitions from snapshots, {} replayed in full, {} records replayed, {} producers expired ({:.3} s)",
         st.partitions_from_snapshot,
@@ -159,19 +166,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
         st.producers_expired,
         opened.elapsed().as_secs_f64()
     );
-    let log = broker.log().clone();
     if args.ceiling {
         println!("CEILING MODE: Produce is answered without storing anything (benchmark only)");
     }
-    println!("nvmq serving Kafka on {bound} (advertised as {host}:{port})");
-    let served = rt.block_on(frontend::serve(broker, listener, stop_signal()));
-    rt.shutdown_timeout(Duration::from_secs(5));
-    match Arc::try_unwrap(log) {
-        Ok(log) => log.shutdown(),
-        Err(_) => eprintln!("warning: requests still held the log at exit; it stops as they end"),
-    }
+    println!(
+        "nvmq serving Kafka on {bound} (advertised as {host}:{port}), {} event loops",
+        server.loops()
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the signal runtime")?;
+    rt.block_on(stop_signal());
+    server.shutdown().context("stopping")?;
     println!("nvmq stopped");
-    served.map_err(Into::into)
+    Ok(())
 }
 
 /// SIGINT or SIGTERM.

@@ -6,29 +6,42 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice};
-use frontend::{Broker, Config};
+use frontend::{Broker, Config, Server, ServerOptions};
 use nvmq_log::{FormatOptions, Log, LogConfig};
 
-pub fn broker(cfg: Config) -> Arc<Broker> {
+fn device() -> SimDevice {
     let mut c = SimConfig::new(7, 128 << 20);
     c.flush_latency = Latency::Fixed(Duration::from_micros(200));
     c.clock = SimClock::real();
     let (mut dev, _h) = SimDevice::new(c);
     nvmq_log::mkfs::format(&mut dev, &FormatOptions::default()).expect("format");
+    dev
+}
+
+/// A broker over a log on its own writer thread, not serving (requests are started directly).
+pub fn broker(cfg: Config) -> Arc<Broker> {
     let lc = LogConfig::default();
-    let (w, _) = recovery::open(dev, lc.clone()).expect("open");
+    let (w, _) = recovery::open(device(), lc.clone()).expect("open");
     let log = Log::start(w, lc.queue_capacity);
     Broker::open(log, lc.queue_capacity, cfg).expect("broker")
 }
 
-/// Starts serving; returns the address.
-pub async fn serve(cfg: Config) -> (SocketAddr, Arc<Broker>) {
-    let b = broker(cfg);
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let b2 = b.clone();
-    tokio::spawn(async move { frontend::serve(b2, l, std::future::pending()).await });
-    (addr, b)
+/// Serves the log on `dev` on an ephemeral port with two event loops.
+pub fn server_on(dev: SimDevice, cfg: Config) -> Server {
+    let lc = LogConfig::default();
+    let (w, _) = recovery::open(dev, lc.clone()).expect("open");
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let opts = ServerOptions {
+        loops: 2,
+        pin: false,
+        queue_capacity: lc.queue_capacity,
+        ..ServerOptions::default()
+    };
+    Server::start(vec![w], l, cfg, opts).expect("server")
+}
+
+/// Starts serving a fresh sim device; returns the address and the server (dropping it stops it).
+pub async fn serve(cfg: Config) -> (SocketAddr, Server) {
+    let s = server_on(device(), cfg);
+    (s.local_addr(), s)
 }

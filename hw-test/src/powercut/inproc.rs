@@ -3,12 +3,11 @@
 //! shutdown, and recovers it on the same port.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blockdev::sim::{CutReport, Latency, SimClock, SimConfig, SimDevice, SimHandle};
-use frontend::{Broker, Config};
-use nvmq_log::{FlushMode, FormatOptions, Log, LogConfig};
+use frontend::{Config, Server, ServerOptions};
+use nvmq_log::{FlushMode, FormatOptions, LogConfig};
 
 use crate::powercut::{PowerSwitch, RigError};
 
@@ -41,8 +40,7 @@ impl Default for SimBrokerConfig {
 }
 
 struct Running {
-    rt: tokio::runtime::Runtime,
-    broker: Arc<Broker>,
+    server: Server,
 }
 
 /// A broker serving on 127.0.0.1 over a sim device; a [`PowerSwitch`] for the controller.
@@ -109,17 +107,10 @@ fn serve(
     let queue = lc.queue_capacity;
     let (writer, report) =
         recovery::open(dev, lc).map_err(|e| err(format!("recovering the log: {e}")))?;
-    let log = Log::start(writer, queue);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("nvmq-sim-broker")
-        .enable_all()
-        .build()
-        .map_err(|e| err(format!("starting the broker's runtime: {e}")))?;
-    // The old listener goes away with its runtime, in the background: retry for a while.
+    // The old listener goes away with its loop, in the background: retry for a while.
     let started = Instant::now();
     let listener = loop {
-        match rt.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port))) {
+        match std::net::TcpListener::bind(("127.0.0.1", port)) {
             Ok(l) => break l,
             Err(e) if started.elapsed() > Duration::from_secs(10) => {
                 return Err(err(format!("binding 127.0.0.1:{port}: {e}")))
@@ -135,14 +126,13 @@ fn serve(
         advertise_port: i32::from(addr.port()),
         ..Config::default()
     };
-    let broker =
-        Broker::open(log, queue, fc).map_err(|e| err(format!("opening the broker: {e}")))?;
-    rt.spawn(frontend::serve(
-        broker.clone(),
-        listener,
-        std::future::pending(),
-    ));
-    Ok((Running { rt, broker }, addr, report.to_string()))
+    let opts = ServerOptions {
+        queue_capacity: queue,
+        ..ServerOptions::default()
+    };
+    let server = Server::start(vec![writer], listener, fc, opts)
+        .map_err(|e| err(format!("opening the broker: {e}")))?;
+    Ok((Running { server }, addr, report.to_string()))
 }
 
 impl PowerSwitch for SimBroker {
@@ -155,8 +145,7 @@ impl PowerSwitch for SimBroker {
             let spawned = std::thread::Builder::new()
                 .name("nvmq-sim-teardown".into())
                 .spawn(move || {
-                    r.rt.shutdown_background();
-                    drop(r.broker);
+                    r.server.kill();
                 });
             spawned.map_err(|e| err(format!("starting the teardown thread: {e}")))?;
         }
@@ -186,7 +175,7 @@ impl PowerSwitch for SimBroker {
 impl Drop for SimBroker {
     fn drop(&mut self) {
         if let Some(r) = self.running.take() {
-            r.rt.shutdown_background();
+            r.server.kill();
         }
     }
 }

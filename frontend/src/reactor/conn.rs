@@ -1,0 +1,458 @@
+//! Connections on a loop: accepted, handed round the loops, and each served by one task that
+//! owns its socket. Requests are started in order and answered in order from a FIFO of slots;
+//! a Produce slot is completed by the service task as the acks come, and every answer ready in a
+//! pass goes out in one write.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use kafka_protocol::messages::ApiKey;
+use nvmq_log::{Appended, LogError};
+use slab::Slab;
+use tokio::io::AsyncWrite;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::fast::{self, ProduceSlot};
+use super::service::LoopCtx;
+use crate::conn::{self, Outcome, Parsed, Reply};
+
+/// Input read at once when the buffer is empty; a frame larger than this grows it.
+const INPUT_CHUNK: usize = 16 << 10;
+/// An empty input or output buffer larger than this is given back.
+const BUFFER_KEEP: usize = 256 << 10;
+/// How often the loop looks for timed-out requests and idle connections.
+const TICK: Duration = Duration::from_millis(100);
+
+/// A connection of this loop, as tokens name it (slab key and generation, so that a late ack for
+/// a closed connection never reaches a new one in the same slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ConnRef {
+    key: usize,
+    gen: u64,
+}
+
+/// One request's place in its connection's answer order.
+pub(crate) enum Slot {
+    Ready(Outcome),
+    Produce(ProduceSlot),
+    Future(Reply),
+}
+
+/// What a connection's task and the service task share.
+pub(crate) struct ConnState {
+    gen: u64,
+    fifo: VecDeque<Slot>,
+    /// Sequence number of `fifo[0]`.
+    base_seq: u64,
+    /// The connection's task, to be woken when its head slot completes.
+    waker: Option<Waker>,
+    woken: bool,
+    closing: bool,
+    last_active: Instant,
+}
+
+impl ConnState {
+    fn wake(&mut self) {
+        self.woken = true;
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// The loop's connections.
+#[derive(Default)]
+pub(crate) struct Conns {
+    slab: RefCell<Slab<Rc<RefCell<ConnState>>>>,
+    next_gen: Cell<u64>,
+    /// Round-robin position of the accepting loop.
+    next_loop: Cell<usize>,
+}
+
+impl Conns {
+    fn insert(&self) -> (ConnRef, Rc<RefCell<ConnState>>) {
+        let gen = self.next_gen.get() + 1;
+        self.next_gen.set(gen);
+        let st = Rc::new(RefCell::new(ConnState {
+            gen,
+            fifo: VecDeque::new(),
+            base_seq: 0,
+            waker: None,
+            woken: false,
+            closing: false,
+            last_active: Instant::now(),
+        }));
+        let key = self.slab.borrow_mut().insert(st.clone());
+        (ConnRef { key, gen }, st)
+    }
+
+    fn get(&self, r: ConnRef) -> Option<Rc<RefCell<ConnState>>> {
+        self.slab
+            .borrow()
+            .get(r.key)
+            .filter(|c| c.borrow().gen == r.gen)
+            .cloned()
+    }
+
+    fn remove(&self, r: ConnRef) {
+        let mut slab = self.slab.borrow_mut();
+        if slab.get(r.key).is_some_and(|c| c.borrow().gen == r.gen) {
+            slab.remove(r.key);
+        }
+    }
+
+    /// An append of a Produce request was answered.
+    pub fn complete(
+        &self,
+        r: ConnRef,
+        seq: u64,
+        topic: u16,
+        part: u16,
+        batch: u16,
+        result: Result<Appended, LogError>,
+    ) {
+        let Some(c) = self.get(r) else {
+            return; // closed meanwhile: the client retries
+        };
+        let mut st = c.borrow_mut();
+        let Some(i) = seq.checked_sub(st.base_seq) else {
+            return; // answered already (timed out)
+        };
+        let head_done = match st.fifo.get_mut(i as usize) {
+            Some(Slot::Produce(p)) => {
+                p.complete(topic, part, batch, result);
+                i == 0 && p.done()
+            }
+            _ => false,
+        };
+        if head_done {
+            st.wake();
+        }
+    }
+
+    /// Wakes a connection's task (its budget came back).
+    pub fn wake(&self, r: ConnRef) {
+        if let Some(c) = self.get(r) {
+            c.borrow_mut().wake();
+        }
+    }
+
+    /// The server stops: every connection closes (what it had acknowledged is durable).
+    pub fn close_all(&self) {
+        for (_, c) in self.slab.borrow().iter() {
+            let mut st = c.borrow_mut();
+            st.closing = true;
+            st.wake();
+        }
+    }
+
+    fn each(&self, mut f: impl FnMut(&mut ConnState)) {
+        for (_, c) in self.slab.borrow().iter() {
+            f(&mut c.borrow_mut());
+        }
+    }
+}
+
+/// Accepts connections (on loop 0) and hands them round the loops.
+pub(crate) async fn accept(ctx: Rc<LoopCtx>, listener: TcpListener) {
+    let loops = ctx.server.bells.len();
+    loop {
+        if ctx.server.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = tokio::time::sleep(TICK) => continue,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let target = ctx.conns.next_loop.get() % loops;
+                ctx.conns.next_loop.set(target + 1);
+                if target == ctx.id {
+                    spawn(&ctx, stream);
+                    continue;
+                }
+                match stream.into_std() {
+                    Ok(s) => ctx.server.bells[target].post_conn(s),
+                    Err(e) => tracing::warn!(error = %e, "could not hand a connection over"),
+                }
+            }
+            Err(e) => {
+                // Out of descriptors and the like: wait a little rather than spin.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// A connection another loop accepted for this one.
+pub(crate) fn adopt(ctx: &Rc<LoopCtx>, s: std::net::TcpStream) {
+    match TcpStream::from_std(s) {
+        Ok(stream) => spawn(ctx, stream),
+        Err(e) => tracing::warn!(error = %e, "could not take over a connection"),
+    }
+}
+
+fn spawn(ctx: &Rc<LoopCtx>, stream: TcpStream) {
+    if ctx.server.stopping.load(Ordering::SeqCst) {
+        return;
+    }
+    let _ = stream.set_nodelay(true);
+    let (r, st) = ctx.conns.insert();
+    let ctx = ctx.clone();
+    tokio::task::spawn_local(async move {
+        serve(&ctx, r, &st, stream).await;
+        // Answers still owed are dropped: their appends complete, unrouted.
+        ctx.conns.remove(r);
+    });
+}
+
+/// The loop's clock work: request timeouts at the head of each connection, idle connections.
+pub(crate) async fn tick(ctx: Rc<LoopCtx>) {
+    let mut every = tokio::time::interval(TICK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if ctx.server.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let now = Instant::now();
+        let idle = ctx.broker.cfg.idle_timeout;
+        ctx.conns.each(|st| {
+            if let Some(Slot::Produce(p)) = st.fifo.front_mut() {
+                if p.expire(now) {
+                    st.wake();
+                }
+            }
+            if st.fifo.is_empty() && now.duration_since(st.last_active) >= idle {
+                tracing::info!("closing an idle connection");
+                st.closing = true;
+                st.wake();
+            }
+        });
+    }
+}
+
+/// What woke a connection's task.
+enum Event {
+    /// Bytes arrived (0: the client closed its side), or reading failed.
+    Input(std::io::Result<usize>),
+    /// The head answer is ready, an append was answered, budget came back, or it must close.
+    Woken,
+    /// Output went out (or failed).
+    Wrote(std::io::Result<usize>),
+}
+
+/// One connection: read and start requests, answer in order, one write per pass.
+async fn serve(ctx: &Rc<LoopCtx>, r: ConnRef, st: &Rc<RefCell<ConnState>>, mut stream: TcpStream) {
+    let peer = stream.peer_addr().ok();
+    let max_in_flight = ctx.broker.cfg.max_in_flight_per_connection.max(1);
+    let max_frame = ctx.broker.cfg.max_frame;
+    let mut input = BytesMut::with_capacity(INPUT_CHUNK);
+    let mut out: Vec<u8> = Vec::new();
+    let mut sent = 0usize;
+    let mut eof = false;
+    let mut next_seq = 0u64;
+    loop {
+        // Start every whole request that arrived, in order.
+        let mut waiting_budget = false;
+        while !eof && st.borrow().fifo.len() < max_in_flight {
+            let at_budget = !ctx.budget_left();
+            if at_budget && input.len() >= 6 && api_of(&input) == Some(ApiKey::Produce) {
+                waiting_budget = true;
+                break;
+            }
+            let frame = match conn::next_frame(&mut input, max_frame) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(?peer, error = %e, "closing connection");
+                    eof = true;
+                    break;
+                }
+            };
+            let slot = match conn::parse(frame) {
+                Ok(Parsed::Answered(reply)) => Some(Slot::Future(reply)),
+                Ok(Parsed::Request(c, body)) => match c.api {
+                    ApiKey::Produce => fast::produce(ctx, r, next_seq, &c, body),
+                    ApiKey::Fetch => Some(fast::fetch(ctx, &c, body)),
+                    _ => match conn::dispatch(&ctx.broker, &c, body).await {
+                        Ok(reply) => Some(Slot::Future(reply)),
+                        Err(e) => {
+                            tracing::warn!(?peer, error = %e, "closing connection");
+                            eof = true;
+                            None
+                        }
+                    },
+                },
+                Err(e) => {
+                    tracing::warn!(?peer, error = %e, "closing connection");
+                    eof = true;
+                    None
+                }
+            };
+            if let Some(slot) = slot {
+                st.borrow_mut().fifo.push_back(slot);
+                next_seq += 1;
+            }
+        }
+        if waiting_budget {
+            ctx.budget_waiters.borrow_mut().push(r);
+        }
+        // Answers ready at the head go into the output, in order.
+        let close = drain(st, &mut out);
+        if close {
+            return;
+        }
+        if sent == out.len() && !out.is_empty() {
+            out.clear();
+            sent = 0;
+            if out.capacity() > BUFFER_KEEP {
+                out = Vec::new();
+            }
+        }
+        let (closing, done) = {
+            let s = st.borrow();
+            (s.closing, eof && s.fifo.is_empty())
+        };
+        if closing || (done && sent == out.len()) {
+            return;
+        }
+        if input.is_empty() && input.capacity() > BUFFER_KEEP {
+            input = BytesMut::with_capacity(INPUT_CHUNK);
+        }
+        let reading = !eof && !waiting_budget && st.borrow().fifo.len() < max_in_flight;
+        if reading && input.capacity() - input.len() < INPUT_CHUNK / 4 {
+            let want = pending_frame_len(&input).unwrap_or(0).max(INPUT_CHUNK);
+            input.reserve(want);
+        }
+        let event = std::future::poll_fn(|cx| {
+            poll_event(cx, st, &mut stream, &mut input, &out, sent, reading)
+        })
+        .await;
+        match event {
+            Event::Input(Ok(0)) | Event::Input(Err(_)) => eof = true,
+            Event::Input(Ok(_)) => st.borrow_mut().last_active = Instant::now(),
+            Event::Woken => {}
+            Event::Wrote(Ok(n)) => sent += n,
+            Event::Wrote(Err(e)) => {
+                tracing::debug!(?peer, error = %e, "write failed; closing");
+                return;
+            }
+        }
+    }
+}
+
+/// The API key of the frame at the start of `input`, if its header is there.
+fn api_of(input: &[u8]) -> Option<ApiKey> {
+    let k = i16::from_be_bytes([*input.get(4)?, *input.get(5)?]);
+    ApiKey::try_from(k).ok()
+}
+
+/// Bytes of the frame at the start of `input`, length prefix included, when the prefix is there
+/// (bounded later by `next_frame`).
+fn pending_frame_len(input: &[u8]) -> Option<usize> {
+    let l = i32::from_be_bytes([
+        *input.first()?,
+        *input.get(1)?,
+        *input.get(2)?,
+        *input.get(3)?,
+    ]);
+    usize::try_from(l)
+        .ok()
+        .map(|l| l.saturating_add(4).min(64 << 20))
+}
+
+/// Moves the answers ready at the head of the FIFO into `out`; true when the connection must
+/// close (an answer could not be encoded).
+fn drain(st: &Rc<RefCell<ConnState>>, out: &mut Vec<u8>) -> bool {
+    let mut s = st.borrow_mut();
+    loop {
+        let ready = match s.fifo.front_mut() {
+            None => return false,
+            Some(Slot::Ready(_)) => true,
+            Some(Slot::Produce(p)) => p.done(),
+            Some(Slot::Future(_)) => false,
+        };
+        if !ready {
+            return false;
+        }
+        let Some(slot) = s.fifo.pop_front() else {
+            return false;
+        };
+        s.base_seq += 1;
+        match slot {
+            Slot::Ready(Outcome::Send(b)) => out.extend_from_slice(&b),
+            Slot::Ready(Outcome::Nothing) => {}
+            Slot::Ready(Outcome::Close) => return true,
+            Slot::Produce(p) => {
+                if !p.encode_into(out) {
+                    return true;
+                }
+            }
+            Slot::Future(_) => {}
+        }
+    }
+}
+
+/// Polls what the head slot waits for by itself (its answer's future, or the original of a
+/// duplicate batch); true when that moved.
+fn poll_head(front: &mut Slot, cx: &mut Context<'_>) -> bool {
+    match front {
+        Slot::Future(f) => match f.as_mut().poll(cx) {
+            Poll::Ready(o) => {
+                *front = Slot::Ready(o);
+                true
+            }
+            Poll::Pending => false,
+        },
+        Slot::Produce(p) => p.poll_landings(cx),
+        Slot::Ready(_) => false,
+    }
+}
+
+/// Waits for input, output progress, or a wake from the service task or the head answer.
+fn poll_event(
+    cx: &mut Context<'_>,
+    st: &Rc<RefCell<ConnState>>,
+    stream: &mut TcpStream,
+    input: &mut BytesMut,
+    out: &[u8],
+    sent: usize,
+    reading: bool,
+) -> Poll<Event> {
+    {
+        let mut s = st.borrow_mut();
+        if s.woken || s.closing {
+            s.woken = false;
+            return Poll::Ready(Event::Woken);
+        }
+        if let Some(front) = s.fifo.front_mut() {
+            if poll_head(front, cx) {
+                return Poll::Ready(Event::Woken);
+            }
+        }
+        match &s.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => s.waker = Some(cx.waker().clone()),
+        }
+    }
+    if sent < out.len() {
+        if let Poll::Ready(r) = Pin::new(&mut *stream).poll_write(cx, &out[sent..]) {
+            return Poll::Ready(Event::Wrote(r));
+        }
+    }
+    if reading {
+        if let Poll::Ready(r) = tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, input) {
+            return Poll::Ready(Event::Input(r));
+        }
+    }
+    Poll::Pending
+}
