@@ -154,3 +154,39 @@ pub fn record_batch(values: &[&[u8]], producer: Option<(i64, i16, i32)>) -> Vec<
     b[17..21].copy_from_slice(&crc.to_be_bytes());
     b
 }
+
+/// Where a request frame (length, then header v1/v2) holds its correlation id: after the frame
+/// length, the API key and the API version.
+pub const CORRELATION_ID_AT: usize = 8;
+
+/// Encodes a request frame (length, header, body) with the given correlation id, for a caller
+/// that re-sends it many times (patching the id with [`set_correlation_id`]) without a `Client`.
+pub fn request_frame<R: Request>(
+    version: i16,
+    req: &R,
+    correlation_id: i32,
+    client_id: &str,
+) -> io::Result<Vec<u8>> {
+    let mut h = RequestHeader::default();
+    h.request_api_key = R::KEY;
+    h.request_api_version = version;
+    h.correlation_id = correlation_id;
+    h.client_id = Some(StrBytes::from_string(client_id.to_string()));
+    let key = ApiKey::try_from(R::KEY).map_err(|_| bad(format!("api key {}", R::KEY)))?;
+    let mut buf = BytesMut::new();
+    buf.extend_from_slice(&[0; 4]);
+    h.encode(&mut buf, key.request_header_version(version))
+        .and_then(|_| req.encode(&mut buf, version))
+        .map_err(|e| bad(format!("encoding {key:?} v{version}: {e}")))?;
+    let len = (buf.len() - 4) as i32;
+    buf[..4].copy_from_slice(&len.to_be_bytes());
+    Ok(buf.to_vec())
+}
+
+/// Rewrites the correlation id of a frame made by [`request_frame`] (or [`Client::frame`]).
+/// A frame too short to hold one is left as it is.
+pub fn set_correlation_id(frame: &mut [u8], id: i32) {
+    if let Some(slot) = frame.get_mut(CORRELATION_ID_AT..CORRELATION_ID_AT + 4) {
+        slot.copy_from_slice(&id.to_be_bytes());
+    }
+}
