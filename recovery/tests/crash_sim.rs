@@ -14,8 +14,8 @@ use blockdev::{BlockDevice, Completion, DeviceError, DeviceInfo, IoBuffer, Tag};
 use nvmq_log::format::{superblock_offset, Superblock, LOG_START, SUPERBLOCK_LEN};
 use nvmq_log::mkfs::format;
 use nvmq_log::{
-    read_with, Appended, FlushMode, FormatOptions, LogConfig, LogError, Now, OnFull, Request,
-    Writer,
+    read_with, Ack, Appended, FlushMode, FormatOptions, LogConfig, LogError, Now, OnFull, Request,
+    TokenAck, Writer,
 };
 use recovery::RecoveryError;
 
@@ -28,6 +28,9 @@ const REGRESSION_SEEDS: &[u64] = &[
     4498949687150558716,
     12748223489214847492,
     6015399947746486942,
+    // A cut at a submission during the load stopped the writer; the harness took the refused
+    // appends for a failure (fixed in the harness, 2026-12-02).
+    16178862113374003123,
 ];
 
 /// Seeds of the write/flush error campaign (20 cuts each, faults without bit rot) that once
@@ -382,7 +385,10 @@ impl World {
                     }
                     self.positions.insert((partition, a.offset), a.position);
                 }
-                Err(LogError::WriterStopped(_)) if self.fault_injected => {
+                // The writer stops when a fault strikes, or when the power goes under it (a cut at
+                // the n-th submission after recovery lands during the load): nothing more is
+                // acknowledged, and what was is checked after the recovery.
+                Err(LogError::WriterStopped(_)) if self.fault_injected || self.handle.is_off() => {
                     self.pending_payload.remove(&producer);
                 }
                 Err(LogError::LogFull { .. }) if self.log_cfg.on_full == OnFull::Refuse => {
@@ -468,7 +474,24 @@ fn open_dev(w: &mut World, dev: SimDevice) -> Dev {
 }
 
 /// Runs `cuts` power-cut cycles for one seed.
+/// Moves the writer's token acks (the producer's index is the token) to where the callbacks put
+/// theirs.
+fn collect_tokens<D: BlockDevice>(
+    w: &mut Writer<D>,
+    acks: &Mutex<Vec<(usize, Result<Appended, LogError>)>>,
+    buf: &mut Vec<TokenAck>,
+) {
+    w.drain_acks(buf);
+    acks.lock()
+        .unwrap()
+        .extend(buf.drain(..).map(|(t, r)| (t as usize, r)));
+}
+
 fn run(seed: u64, cuts: u64, knobs: Knobs) -> Result<Summary, String> {
+    // Appends answered with tokens in half the seeds, with callbacks in the others: taken from
+    // the seed, not drawn, so that the regression seeds keep their meaning.
+    let tokens = (seed >> 1).is_multiple_of(2);
+    let mut token_acks = Vec::new();
     let (mut world, mut dev) = World::new(seed);
     format(&mut dev, &world.fmt).map_err(|e| fail(seed, format!("format: {e}")))?;
     let mut created = false;
@@ -611,13 +634,19 @@ fn run(seed: u64, cuts: u64, knobs: Knobs) -> Result<Summary, String> {
                     world.sent.insert(payload.clone());
                     world.pending_payload.insert(producer, payload.clone());
                     world.busy[producer] = Some(partition);
-                    let acks = world.acks.clone();
-                    w.submit(Request::Append {
-                        partition,
-                        payload,
-                        span: 1,
-                        ack: Box::new(move |r| acks.lock().unwrap().push((producer, r))),
-                    });
+                    if tokens {
+                        // As an event loop hosting the writer appends: a token, collected
+                        // after the step.
+                        w.append(partition, payload.into(), 1, Ack::Token(producer as u64));
+                    } else {
+                        let acks = world.acks.clone();
+                        w.submit(Request::Append {
+                            partition,
+                            payload,
+                            span: 1,
+                            ack: Box::new(move |r| acks.lock().unwrap().push((producer, r))),
+                        });
+                    }
                 }
             }
             if knobs.faults && !world.fault_injected && world.rng.chance(0.02) {
@@ -655,11 +684,13 @@ fn run(seed: u64, cuts: u64, knobs: Knobs) -> Result<Summary, String> {
                         .advance(Duration::from_micros(world.rng.range(1, 3000)));
                 }
             }
+            collect_tokens(&mut w, &world.acks, &mut token_acks);
             world.take_acks().map_err(|e| fail(seed, e))?;
             if world.handle.is_off() {
                 break;
             }
         }
+        collect_tokens(&mut w, &world.acks, &mut token_acks);
         world.take_acks().map_err(|e| fail(seed, e))?;
         if std::env::var("NVMQ_DEBUG").is_ok() {
             eprintln!(
