@@ -420,3 +420,43 @@ fn an_event_loop_on_the_completion_descriptor_never_loses_a_wake_up() {
         },
     );
 }
+
+/// A device dropped with linked pairs in the engine (some of their flushes waiting for a
+/// description) neither hangs nor drops a write: every write lands.
+#[test]
+fn dropping_a_device_with_linked_pairs_in_flight_waits_for_them() {
+    on_each_engine(
+        "dropping_a_device_with_linked_pairs",
+        2,
+        |engine, dev, p| {
+            let per = 16384 / bs(dev);
+            for k in 0..24u64 {
+                let mut b = dev.alloc_buffer(16384).unwrap();
+                b.copy_from_slice(&pattern(k as u8 ^ 0x5A, 16384));
+                dev.submit_write_flush(k, k * per, b, 100 + k).unwrap();
+            }
+            // Everything reaches the engine; then the device goes while it runs (a read-only open of
+            // the same file, which takes no lock, stands in for it in the caller's place).
+            dev.poll(&mut Vec::new()).unwrap();
+            let ro = FileOptions {
+                read_only: true,
+                ..FileOptions::default()
+            };
+            let (tx, rx) = std::sync::mpsc::channel();
+            let taken = std::mem::replace(dev, FileDevice::open(p, ro).unwrap());
+            std::thread::spawn(move || {
+                drop(taken);
+                let _ = tx.send(());
+            });
+            rx.recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("{engine}: dropping the device hung"));
+            for k in 0..24u64 {
+                assert!(
+                    read_back(dev, k * per, 16384) == pattern(k as u8 ^ 0x5A, 16384),
+                    "{engine}: the write at block {} did not land",
+                    k * per
+                );
+            }
+        },
+    );
+}
