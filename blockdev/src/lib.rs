@@ -54,9 +54,14 @@ pub struct DeviceInfo {
     /// The device's own health report when it has one (NVMe SMART: critical warning, failed
     /// power-loss protection, media errors); empty otherwise.
     pub health: String,
-    /// How the backend carries out I/O, for reports: for the file backend `io_uring (ring of N)`
-    /// or `threads (N I/O threads)` (see [`file::Engine`]); empty for backends with one way.
+    /// How the backend carries out I/O, for reports: for the file backend `io_uring (ring of N,
+    /// M flush descriptions)` or `threads (N I/O threads, M flush descriptions)` (see
+    /// [`file::Engine`]; a read-only open has no flush descriptions and says nothing of them);
+    /// empty for backends with one way.
     pub engine: String,
+    /// True when [`BlockDevice::submit_write_flush`] is supported (the file backend opened
+    /// read-write); false when it is refused (sim, nvme).
+    pub linked_flush: bool,
 }
 
 impl DeviceInfo {
@@ -71,6 +76,10 @@ impl DeviceInfo {
 
 /// The caller's name for one submitted I/O; it comes back in the completion.
 pub type Tag = u64;
+
+/// Why [`BlockDevice::submit_write_flush`] is refused by a device that does not support it.
+pub const LINKED_FLUSH_UNSUPPORTED: &str =
+    "linked write+flush unsupported by this device (DeviceInfo::linked_flush is false)";
 
 /// One finished I/O. The buffer of a read or write comes back to the caller here.
 #[derive(Debug)]
@@ -115,11 +124,56 @@ pub trait BlockDevice: Send {
     /// I/Os submitted and not yet returned by `poll`/`wait`.
     fn in_flight(&self) -> usize;
 
-    /// A file descriptor that becomes readable when a completion may be waiting for `poll`, for
-    /// owners that sleep in an event loop; `None`: the device must be polled.
+    /// A file descriptor that becomes readable whenever a completion may be waiting for `poll`,
+    /// so that an event loop (epoll, tokio `AsyncFd`) can wait for the device beside its
+    /// sockets. `None` (the default) means the device must be polled (sim, nvme).
+    ///
+    /// How an owner uses it, so that no wake-up is lost:
+    /// - Submissions may sit queued in the device until the next `poll` or `wait` (io_uring hands
+    ///   them to the kernel there), so after its last submission the owner calls `poll`.
+    /// - It sleeps on the fd only if that `poll` returned nothing and `in_flight() > 0`: with
+    ///   nothing in flight no completion will come and nothing makes the fd readable.
+    /// - `poll` and `wait` reset the fd's readiness *before* they reap, so a completion that
+    ///   arrives while or after they run always leaves the fd readable, for level- and
+    ///   edge-triggered epoll alike. A wake-up may be spurious (the completion that caused it was
+    ///   reaped by the `poll` that reset it): the owner polls, finds nothing, and sleeps again.
+    ///   With tokio, clear the `AsyncFd` guard's readiness only after a `poll` that returned
+    ///   nothing (tokio then keeps a readiness that arrived meanwhile).
+    ///
+    /// The fd belongs to the device and lives as long as it: register it (or a duplicate of it)
+    /// for readability only; never read or write it.
     #[cfg(unix)]
     fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
+    }
+
+    /// Submits a write and a flush that the device starts only after the write has completed in
+    /// full without error (a linked pair): one submission instead of write, wait for its
+    /// completion, flush. The flush covers that write and every write whose completion was
+    /// delivered before this call (storage.md §1 holds: the flush is issued after the write
+    /// completed). It counts as two I/Os against [`queue_depth`](BlockDevice::queue_depth) and,
+    /// on a device that limits the flushes it runs at once, like any other flush.
+    ///
+    /// Both completions are delivered, the write's first: never after the flush's. If the write
+    /// fails, the flush completes with an error too (naming the write) and never reports success.
+    ///
+    /// Supported only when [`DeviceInfo::linked_flush`] is true. The default refuses with
+    /// [`DeviceError::BadRequest`] naming [`LINKED_FLUSH_UNSUPPORTED`], before anything happens
+    /// (nothing goes in flight; the buffer is dropped).
+    fn submit_write_flush(
+        &mut self,
+        write_tag: Tag,
+        lba: u64,
+        buffer: IoBuffer,
+        flush_tag: Tag,
+    ) -> Result<(), DeviceError> {
+        let _ = (write_tag, flush_tag);
+        Err(DeviceError::BadRequest {
+            op: Op::Write,
+            lba,
+            len: buffer.len(),
+            why: LINKED_FLUSH_UNSUPPORTED,
+        })
     }
 }
 
@@ -154,6 +208,15 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
     #[cfg(unix)]
     fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         (**self).completion_fd()
+    }
+    fn submit_write_flush(
+        &mut self,
+        write_tag: Tag,
+        lba: u64,
+        buffer: IoBuffer,
+        flush_tag: Tag,
+    ) -> Result<(), DeviceError> {
+        (**self).submit_write_flush(write_tag, lba, buffer, flush_tag)
     }
 }
 

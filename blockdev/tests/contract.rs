@@ -37,6 +37,10 @@ fn file_suite(size: u64, options: FileOptions) {
         path: plain_file(dir.path(), "dev", size),
         options,
     };
+    // The event-loop checks have something to check here: a descriptor and linked pairs.
+    let dev = f.open().unwrap();
+    assert!(dev.completion_fd().is_some() && dev.info().linked_flush);
+    drop(dev);
     assert_suite_passes(&format!("the file device {options:?}"), &mut f);
 }
 
@@ -126,6 +130,9 @@ fn file_device_boxed() {
 fn sim_suite(what: &str, cfg: SimConfig) {
     let seed = cfg.seed;
     let mut f = SimFactory::new(cfg);
+    // Polled, without linked pairs: the suite checks that those are refused.
+    let dev = f.open().unwrap();
+    assert!(dev.completion_fd().is_none() && !dev.info().linked_flush);
     assert_suite_passes(&format!("the sim ({what}, seed {seed})"), &mut f);
     // Every reopen was a power cut.
     assert_eq!(f.handle().map(|h| h.stats().cuts), Some(2));

@@ -76,15 +76,67 @@ fn the_engine_is_chosen_and_reported() {
     let dir = scratch();
     let p = plain_file(dir.path(), "dev", 1 << 20);
     let cases = [
-        (Engine::IoUring, Engine::IoUring, "io_uring (ring of 256)"),
-        (Engine::Auto, Engine::IoUring, "io_uring (ring of 256)"),
-        (Engine::Threads, Engine::Threads, "threads (4 I/O threads)"),
+        (
+            Engine::IoUring,
+            4,
+            "io_uring (ring of 256, 4 flush descriptions)",
+        ),
+        (
+            Engine::Auto,
+            4,
+            "io_uring (ring of 256, 4 flush descriptions)",
+        ),
+        (
+            Engine::Threads,
+            4,
+            "threads (4 I/O threads, 4 flush descriptions)",
+        ),
+        (
+            Engine::IoUring,
+            1,
+            "io_uring (ring of 256, 1 flush description)",
+        ),
+        (
+            Engine::Threads,
+            64,
+            "threads (4 I/O threads, 64 flush descriptions)",
+        ),
     ];
-    for (asked, runs, words) in cases {
-        let dev = FileDevice::open(&p, opts(asked)).unwrap();
+    for (asked, descriptions, words) in cases {
+        let runs = if asked == Engine::Threads {
+            Engine::Threads
+        } else {
+            Engine::IoUring
+        };
+        let o = FileOptions {
+            flush_descriptions: descriptions,
+            ..opts(asked)
+        };
+        let dev = FileDevice::open(&p, o).unwrap();
         assert_eq!(dev.engine(), runs, "{asked}");
         assert_eq!(dev.info().engine, words, "{asked}");
+        assert!(dev.info().linked_flush);
         assert!(format!("{dev:?}").contains(&format!("engine: {runs:?}")));
+    }
+    // A read-only open flushes nothing and opens no flush description.
+    let ro = FileOptions {
+        read_only: true,
+        ..opts(Engine::IoUring)
+    };
+    let dev = FileDevice::open(&p, ro).unwrap();
+    assert_eq!(dev.info().engine, "io_uring (ring of 256)");
+    assert!(!dev.info().linked_flush);
+    drop(dev);
+    for bad in [0, 65] {
+        let o = FileOptions {
+            flush_descriptions: bad,
+            ..opts(Engine::Threads)
+        };
+        let e = FileDevice::open(&p, o).unwrap_err().to_string();
+        assert!(
+            e.contains("flush_descriptions must be from 1 to 64") && e.contains(&bad.to_string()),
+            "{e}"
+        );
     }
     assert_eq!("uring".parse::<Engine>(), Ok(Engine::IoUring));
     assert_eq!("threads".parse::<Engine>(), Ok(Engine::Threads));
@@ -126,7 +178,8 @@ fn a_ring_that_cannot_be_set_up_is_named_and_auto_falls_back_to_threads() {
         let words = &dev.info().engine;
         assert!(
             words.starts_with(
-                "threads (4 I/O threads; io_uring unavailable: cannot set up io_uring"
+                "threads (4 I/O threads, 1 flush description; io_uring unavailable: cannot set \
+                 up io_uring"
             ) && words.contains(why),
             "{words}"
         );
@@ -345,7 +398,7 @@ fn both_engines_fail_the_same_way() {
 }
 
 /// Runs `f` on a new device of each engine (io_uring only where it can be set up, see
-/// [`io_uring_or_skip`]).
+/// [`io_uring_or_skip`]) with one flush description.
 fn on_each_engine(test: &str, f: impl Fn(Engine, &mut FileDevice)) {
     for engine in [Engine::Threads, Engine::IoUring] {
         if engine == Engine::IoUring && !io_uring_or_skip(test) {
@@ -353,15 +406,20 @@ fn on_each_engine(test: &str, f: impl Fn(Engine, &mut FileDevice)) {
         }
         let dir = scratch();
         let p = plain_file(dir.path(), "dev", 1 << 20);
-        let mut dev = FileDevice::open(&p, opts(engine)).unwrap();
+        let o = FileOptions {
+            flush_descriptions: 1,
+            ..opts(engine)
+        };
+        let mut dev = FileDevice::open(&p, o).unwrap();
         f(engine, &mut dev);
         assert_eq!(dev.in_flight(), 0, "{engine}");
     }
 }
 
-/// Flushes run one at a time: several submitted back to back are answered in order, and when the
-/// first fails, every one behind it fails too. Run at once, a later `fdatasync` could take no error
-/// for write-back that failed (the kernel reports it to one caller) and complete first.
+/// With one flush description, flushes run one at a time: several submitted back to back are
+/// answered in order, and when the first fails, every one behind it fails too. Run at once on one
+/// description, a later `fdatasync` could take no error for write-back that failed (the kernel
+/// reports it once per description) and complete first. (`file_flushes.rs`: several descriptions.)
 #[test]
 fn flushes_behind_a_failed_flush_all_fail_in_order() {
     on_each_engine(
@@ -393,7 +451,8 @@ fn flushes_behind_a_failed_flush_all_fail_in_order() {
     );
 }
 
-/// Flushes submitted while one runs share the next `fdatasync` and all succeed on a healthy file.
+/// With one flush description, flushes submitted while one runs share the next `fdatasync` and all
+/// succeed on a healthy file, in order.
 #[test]
 fn flushes_submitted_while_one_runs_all_complete() {
     on_each_engine(

@@ -1,5 +1,5 @@
 //! Device specifications on the command line: `sim[:key=value,...]`,
-//! `file:<path>[,engine=uring|threads|auto]`, a path, or
+//! `file:<path>[,engine=uring|threads|auto][,flush_fds=N]`, a path, or
 //! `nvme:<PCI address>[,ns=<id>][,io_timeout_ms=<ms>]` (the userspace driver; the function must be
 //! bound to vfio-pci).
 
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use blockdev::file::{Engine, FileDevice, FileOptions};
+use blockdev::file::{Engine, FileDevice, FileOptions, MAX_FLUSH_DESCRIPTIONS};
 use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice};
 use blockdev::BlockDevice;
 
@@ -19,6 +19,8 @@ pub enum DeviceSpec {
         path: PathBuf,
         /// `engine=`: overrides [`FileOptions::engine`]; `None` keeps the caller's choice.
         engine: Option<Engine>,
+        /// `flush_fds=`: overrides [`FileOptions::flush_descriptions`]; `None` keeps the caller's.
+        flush_fds: Option<usize>,
     },
     Nvme {
         pci: String,
@@ -74,25 +76,7 @@ impl std::str::FromStr for DeviceSpec {
         if let Some(rest) = s.strip_prefix("nvme:") {
             return parse_nvme(s, rest);
         }
-        let rest = s.strip_prefix("file:").unwrap_or(s);
-        // Only a trailing `,engine=` is an option, so any other comma stays part of the path.
-        let (path, engine) = match rest.rsplit_once(',') {
-            Some((path, opt)) if opt.starts_with("engine=") => {
-                let v = &opt["engine=".len()..];
-                let e = v
-                    .parse::<Engine>()
-                    .with_context(|| format!("device {s:?}: engine={v:?}"))?;
-                (path, Some(e))
-            }
-            _ => (rest, None),
-        };
-        if path.is_empty() {
-            bail!("device {s:?}: empty path");
-        }
-        Ok(DeviceSpec::File {
-            path: PathBuf::from(path),
-            engine,
-        })
+        parse_file(s, s.strip_prefix("file:").unwrap_or(s))
     }
 }
 
@@ -140,11 +124,23 @@ impl DeviceSpec {
                 nsid,
                 io_timeout,
             } => open_nvme(pci, *nsid, *io_timeout, init),
-            DeviceSpec::File { path: p, engine } => {
+            DeviceSpec::File {
+                path: p,
+                engine,
+                flush_fds,
+            } => {
                 let file_opts = FileOptions {
                     engine: engine.unwrap_or(file_opts.engine),
+                    flush_descriptions: flush_fds.unwrap_or(file_opts.flush_descriptions),
                     ..file_opts
                 };
+                if file_opts.flush_descriptions > 1 {
+                    tracing::warn!(
+                        flush_fds = file_opts.flush_descriptions,
+                        "flushes run {} at a time: a drive or block layer that reports a failed cache write-back to only one of the flushes running could let an earlier flush succeed over lost data; use only on storage known to fail every flush after such an error",
+                        file_opts.flush_descriptions
+                    );
+                }
                 if let (Some(size), false) = (create, p.exists()) {
                     if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
                         std::fs::create_dir_all(dir)
@@ -161,6 +157,50 @@ impl DeviceSpec {
             }
         }
     }
+}
+
+/// `file:<path>` with trailing `,engine=...` and `,flush_fds=N` options in either order. Only a
+/// trailing comma that starts one of them is an option, so any other comma stays part of the path.
+fn parse_file(s: &str, rest: &str) -> Result<DeviceSpec> {
+    let (mut path, mut engine, mut flush_fds) = (rest, None, None);
+    while let Some((head, opt)) = path.rsplit_once(',') {
+        if let Some(v) = opt.strip_prefix("engine=") {
+            if engine.is_some() {
+                bail!("device {s:?}: engine= is given twice");
+            }
+            let e = v
+                .parse::<Engine>()
+                .with_context(|| format!("device {s:?}: engine={v:?}"))?;
+            engine = Some(e);
+        } else if let Some(v) = opt.strip_prefix("flush_fds=") {
+            if flush_fds.is_some() {
+                bail!("device {s:?}: flush_fds= is given twice");
+            }
+            let n = v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=MAX_FLUSH_DESCRIPTIONS).contains(n))
+                .ok_or_else(|| {
+                    anyhow!(
+                        "device {s:?}: flush_fds={v:?} is not a whole number from 1 to \
+                         {MAX_FLUSH_DESCRIPTIONS} (how many fdatasyncs may run at once, each on \
+                         its own open file description; 1 runs one at a time)"
+                    )
+                })?;
+            flush_fds = Some(n);
+        } else {
+            break;
+        }
+        path = head;
+    }
+    if path.is_empty() {
+        bail!("device {s:?}: empty path");
+    }
+    Ok(DeviceSpec::File {
+        path: PathBuf::from(path),
+        engine,
+        flush_fds,
+    })
 }
 
 /// Largest `io_timeout_ms` (one hour, as the driver accepts).
@@ -338,7 +378,7 @@ mod tests {
             .to_string()
             .contains("unknown sim option"));
         assert!(
-            matches!("file:/x/y".parse::<DeviceSpec>().unwrap(), DeviceSpec::File { path, engine: None } if path == std::path::Path::new("/x/y"))
+            matches!("file:/x/y".parse::<DeviceSpec>().unwrap(), DeviceSpec::File { path, engine: None, flush_fds: None } if path == std::path::Path::new("/x/y"))
         );
         assert!("file:".parse::<DeviceSpec>().is_err());
         for (spec, want) in [
@@ -347,14 +387,58 @@ mod tests {
             ("/x/y,engine=auto", Engine::Auto),
         ] {
             assert!(
-                matches!(spec.parse::<DeviceSpec>().unwrap(), DeviceSpec::File { path, engine: Some(e) } if path == std::path::Path::new("/x/y") && e == want),
+                matches!(spec.parse::<DeviceSpec>().unwrap(), DeviceSpec::File { path, engine: Some(e), .. } if path == std::path::Path::new("/x/y") && e == want),
                 "{spec}"
             );
         }
         // A comma that starts no option is part of the path.
         assert!(
-            matches!("file:/x/a,b".parse::<DeviceSpec>().unwrap(), DeviceSpec::File { path, engine: None } if path == std::path::Path::new("/x/a,b"))
+            matches!("file:/x/a,b".parse::<DeviceSpec>().unwrap(), DeviceSpec::File { path, engine: None, flush_fds: None } if path == std::path::Path::new("/x/a,b"))
         );
+        for (spec, want_engine, want_fds) in [
+            ("file:/x/y,flush_fds=1", None, Some(1)),
+            ("file:/x/y,flush_fds=64", None, Some(64)),
+            (
+                "file:/x/y,engine=threads,flush_fds=4",
+                Some(Engine::Threads),
+                Some(4),
+            ),
+            (
+                "/x/y,flush_fds=8,engine=uring",
+                Some(Engine::IoUring),
+                Some(8),
+            ),
+        ] {
+            assert!(
+                matches!(spec.parse::<DeviceSpec>().unwrap(), DeviceSpec::File { path, engine, flush_fds } if path == std::path::Path::new("/x/y") && engine == want_engine && flush_fds == want_fds),
+                "{spec}"
+            );
+        }
+        assert!(
+            matches!("file:/x/a,b,flush_fds=2".parse::<DeviceSpec>().unwrap(), DeviceSpec::File { path, flush_fds: Some(2), .. } if path == std::path::Path::new("/x/a,b"))
+        );
+        for bad in ["0", "65", "-1", "four", "", "1.5"] {
+            let e = format!(
+                "{:#}",
+                format!("file:/x/y,flush_fds={bad}")
+                    .parse::<DeviceSpec>()
+                    .unwrap_err()
+            );
+            assert!(
+                e.contains(&format!("flush_fds={bad:?}")) && e.contains("from 1 to 64"),
+                "{bad}: {e}"
+            );
+        }
+        for twice in [
+            "file:/x/y,flush_fds=2,flush_fds=3",
+            "file:/x/y,engine=uring,engine=auto",
+        ] {
+            assert!(
+                format!("{:#}", twice.parse::<DeviceSpec>().unwrap_err()).contains("given twice"),
+                "{twice}"
+            );
+        }
+        assert!("file:,flush_fds=2".parse::<DeviceSpec>().is_err());
         let e = format!(
             "{:#}",
             "file:/x/y,engine=fast".parse::<DeviceSpec>().unwrap_err()

@@ -25,8 +25,9 @@ use clap::{CommandFactory, Parser, Subcommand};
 /// nvmq: a durable message broker that acknowledges only what is on stable storage.
 ///
 /// Devices are named `file:<path>` (a regular file or a block device node; `,engine=uring`,
-/// `threads` or `auto` picks how its I/O is done) or `sim[:key=value,...]` (an in-memory
-/// simulated device for trying things out).
+/// `threads` or `auto` picks how its I/O is done, `,flush_fds=N` how many fdatasyncs may run at
+/// once, 1 to 64, default 4) or `sim[:key=value,...]` (an in-memory simulated device for trying
+/// things out).
 #[derive(Parser, Debug)]
 #[command(name = "nvmq", version)]
 #[command(

@@ -306,18 +306,24 @@ fn the_file_engine_is_chosen_in_the_device_spec_and_reported() {
     assert_eq!(r.code, 0, "{r}");
     assert!(
         r.stdout
-            .contains("I/O engine           threads (4 I/O threads)"),
+            .contains("I/O engine           threads (4 I/O threads, 1 flush description)"),
         "{r}"
     );
-    let mut engines = vec![("threads", "threads (4 I/O threads)")];
+    let mut engines = vec![(
+        "threads",
+        "threads (4 I/O threads, 1 flush description)".to_string(),
+    )];
     if uring {
-        engines.push(("uring", "io_uring (ring of 256)"));
-        engines.push(("auto", "io_uring (ring of 256)"));
+        let words = |n: &str| format!("io_uring (ring of 256, {n})");
+        engines.push(("uring", words("1 flush description")));
+        engines.push(("auto", words("1 flush description")));
+        engines.push(("uring,flush_fds=1", words("1 flush description")));
+        engines.push(("auto,flush_fds=16", words("16 flush descriptions")));
         let r = nvmq(&["format", "--device", &spec(&p), "--force", "--json"]);
         assert_eq!(r.code, 0, "{r}");
         assert_eq!(
             r.json()["device"]["engine"],
-            "io_uring (ring of 256)",
+            words("1 flush description"),
             "the default is auto"
         );
     }
@@ -353,6 +359,12 @@ fn the_file_engine_is_chosen_in_the_device_spec_and_reported() {
     assert_eq!(r.code, 1, "{r}");
     assert!(
         r.stderr.contains("engine=\"fast\"") && r.stderr.contains("uring, threads, auto"),
+        "{r}"
+    );
+    let r = nvmq(&["format", "--device", &dev("threads,flush_fds=0"), "--force"]);
+    assert_eq!(r.code, 1, "{r}");
+    assert!(
+        r.stderr.contains("flush_fds=\"0\"") && r.stderr.contains("from 1 to 64"),
         "{r}"
     );
 }

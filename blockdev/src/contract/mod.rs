@@ -16,6 +16,7 @@
 //! data may be destroyed. It needs a device of at least [`MIN_BLOCKS`] logical blocks.
 
 mod data;
+mod event_loop;
 mod factory;
 mod failure;
 mod io;
@@ -29,6 +30,7 @@ use crate::{BlockDevice, DeviceError};
 pub use data::{
     flush, max_transfer, reopen, reopen_in_flight, round_trip, write_isolation, Reopened,
 };
+pub use event_loop::{completion_fd, linked_flush};
 #[cfg(target_os = "linux")]
 pub use factory::{FakeNvmeFactory, NvmeFactory};
 pub use factory::{FileFactory, SimFactory};
@@ -110,6 +112,18 @@ pub mod check {
         promise: "a write changes only its own blocks, and the last completed write to a block \
               wins",
     };
+    pub const COMPLETION_FD: Check = Check {
+        name: "completion-fd",
+        promise: "with a completion descriptor, every completion an event loop waits for makes it \
+              readable within 5 s after a poll that returned nothing, the next poll returns it, \
+              and with nothing in flight the descriptor is quiet (a polled device passes as is)",
+    };
+    pub const LINKED_FLUSH: Check = Check {
+        name: "linked-flush",
+        promise: "with linked_flush, write+flush pairs complete once each with their tags, the \
+              write before its flush, the data reads back, and a pair that does not fit the \
+              queue is refused; without, submit_write_flush is refused without side effects",
+    };
     pub const REOPEN: Check = Check {
         name: "reopen",
         promise: "flushed data, the first and last blocks included, reads back after the device \
@@ -134,6 +148,8 @@ pub const CHECKS: &[Check] = &[
     check::FLUSH,
     check::MAX_TRANSFER,
     check::WRITE_ISOLATION,
+    check::COMPLETION_FD,
+    check::LINKED_FLUSH,
     check::REOPEN,
     check::REOPEN_IN_FLIGHT,
 ];
@@ -164,7 +180,7 @@ impl fmt::Display for CheckResult {
 /// Runs the checks that need only an open device, in [`CHECKS`] order (all but the reopen ones).
 pub fn run_device_checks<D: BlockDevice + ?Sized>(dev: &mut D) -> Vec<CheckResult> {
     type DeviceCheck<D> = fn(&mut D) -> Result<(), ContractFailure>;
-    let checks: [(Check, DeviceCheck<D>); 10] = [
+    let checks: [(Check, DeviceCheck<D>); 12] = [
         (check::GEOMETRY, geometry),
         (check::BUFFERS, buffers),
         (check::IDLE_WAIT, idle_wait),
@@ -175,6 +191,8 @@ pub fn run_device_checks<D: BlockDevice + ?Sized>(dev: &mut D) -> Vec<CheckResul
         (check::FLUSH, flush),
         (check::MAX_TRANSFER, max_transfer),
         (check::WRITE_ISOLATION, write_isolation),
+        (check::COMPLETION_FD, completion_fd),
+        (check::LINKED_FLUSH, linked_flush),
     ];
     let mut results = Vec::with_capacity(checks.len());
     for (check, run) in checks {

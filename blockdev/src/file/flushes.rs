@@ -1,111 +1,211 @@
-//! One `fdatasync` at a time.
+//! Flushes on a set of open file descriptions: up to N `fdatasync`s at once, one per description
+//! (`FileOptions::flush_descriptions`, opened at open time on the device's path and checked to be
+//! the same inode).
 //!
-//! Linux reports a writeback error to one of several `fdatasync` calls running at once on a file
-//! (the error sequence is advanced by whichever call looks first), so a flush that runs beside a
-//! failing one can return success for data that never reached the medium; if it completed first,
-//! the log would acknowledge that data before the failure arrived. So a flush submitted while one
-//! runs waits, and every flush that waited is answered by the next `fdatasync`, started once the
-//! running one has completed without error: it starts after all their covered writes completed,
-//! so it covers them (storage.md §1). A failed flush fails every flush that waited behind it.
+//! Why per description. Linux records a write-back error in the file's error sequence (`errseq`,
+//! in the inode's mapping) and reports it once *per open file description*: each `struct file`
+//! remembers the last error it reported, and an `fdatasync` reports every error recorded since.
+//! Two `fdatasync`s running at once on the *same* description race for one report: whichever looks
+//! first takes the error and the other returns success for data that never reached the disk, and
+//! may complete first. That race forced one `fdatasync` at a time. On *different* descriptions each
+//! call sees every error recorded before its own check (an `fdatasync` waits for the write-back it
+//! covers, which records its error before it ends), so they may run at once. One description has
+//! one `fdatasync` at a time, as before.
+//!
+//! A flush submitted while every description is busy waits, and every flush that waited is
+//! answered by the next `fdatasync` to start, on the first description to become free (after an
+//! `fdatasync` that succeeded): it starts after all their covered writes completed, so it covers
+//! them (storage.md §1). With one description this is exactly the one-at-a-time rule.
+//!
+//! A failed `fdatasync` stops the device: its riders and every flush still waiting fail, and so
+//! does every flush that completes after it, whatever its own `fdatasync` said (a flush running
+//! beside the failed one may report success although the device has lost data; storage.md §2: no
+//! flush after a failure is trusted, none is retried).
 
 use crate::{Completion, DeviceError, Op, Tag};
 
 pub(super) struct Flushes {
-    /// An `fdatasync` is in the engine.
-    running: bool,
-    /// Flushes submitted while one ran; the next `fdatasync` answers all of them.
+    descs: Vec<Desc>,
+    /// Flushes submitted while every description was busy; the next `fdatasync` answers them all.
     waiting: Vec<Tag>,
-    /// Flushes the running `fdatasync` answers besides its own.
+    /// A flush has failed: every later one fails too.
+    failed: bool,
+    /// Test seam: the errno the next `fdatasync` to complete reports instead of its result.
+    inject: Option<i32>,
+}
+
+/// One flush description.
+struct Desc {
+    /// An `fdatasync` runs on it (or a linked flush holds it, waiting for its write).
+    busy: bool,
+    /// Flushes that its running `fdatasync` answers besides its own.
     riders: Vec<Tag>,
 }
 
-/// What the device does after a flush completion was delivered.
+/// What the device does after a flush event.
+#[derive(Debug, PartialEq, Eq)]
 pub(super) enum Next {
     Nothing,
-    /// Start an `fdatasync` for this tag (the others that waited ride on it).
-    Start(Tag),
+    /// Start an `fdatasync` for `tag` on description `desc` (the flushes that waited ride on it).
+    Start {
+        desc: usize,
+        tag: Tag,
+    },
 }
 
 impl Flushes {
-    /// Room for `depth` flushes, so that no submission allocates.
-    pub fn new(depth: usize) -> Flushes {
+    /// `descriptions` descriptions, with room for `depth` flushes so that no submission allocates.
+    pub fn new(descriptions: usize, depth: usize) -> Flushes {
         Flushes {
-            running: false,
+            descs: (0..descriptions)
+                .map(|_| Desc {
+                    busy: false,
+                    riders: Vec::with_capacity(depth),
+                })
+                .collect(),
             waiting: Vec::with_capacity(depth),
-            riders: Vec::with_capacity(depth),
+            failed: false,
+            inject: None,
         }
     }
 
-    /// An `fdatasync` is in the engine: a flush submitted now waits its turn.
-    pub fn running(&self) -> bool {
-        self.running
+    /// True once a flush has failed.
+    pub fn failed(&self) -> bool {
+        self.failed
     }
 
-    /// A flush submitted while one runs.
+    pub fn inject(&mut self, errno: i32) {
+        self.inject = Some(errno);
+    }
+
+    /// Takes a description with no `fdatasync` running, for a flush about to start; `None` when
+    /// every one is busy (the flush must [`wait`](Flushes::wait)).
+    pub fn take_free(&mut self) -> Option<usize> {
+        let d = self.descs.iter().position(|d| !d.busy)?;
+        self.descs[d].busy = true;
+        Some(d)
+    }
+
+    /// Gives back a description taken for a flush that could not be handed to the engine.
+    pub fn untake(&mut self, desc: usize) {
+        if let Some(d) = self.descs.get_mut(desc) {
+            d.busy = false;
+        }
+    }
+
+    /// A flush submitted while every description is busy.
     pub fn wait(&mut self, tag: Tag) {
         self.waiting.push(tag);
     }
 
-    /// A flush went to the engine.
-    pub fn started(&mut self) {
-        self.running = true;
+    /// The `fdatasync` of flush `tag` on `desc` finished with `result`: it and its riders complete
+    /// (pushed to `out`), and what waited either starts on `desc` or fails (after a failure).
+    pub fn ran(
+        &mut self,
+        desc: usize,
+        tag: Tag,
+        result: Result<(), DeviceError>,
+        out: &mut Vec<Completion>,
+    ) -> Next {
+        let result = match (self.inject.take(), result) {
+            (Some(errno), _) => Err(injected(errno)),
+            (None, r) => r,
+        };
+        let result = match result {
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
+            Ok(()) if self.failed => Err(stopped()),
+            Ok(()) => Ok(()),
+        };
+        out.push(flush_completion(tag, result.clone()));
+        if let Some(d) = self.descs.get_mut(desc) {
+            d.busy = false;
+            for t in d.riders.drain(..) {
+                out.push(flush_completion(t, result.clone()));
+            }
+        }
+        self.next(desc, out)
     }
 
-    /// The running flush completed with `result`: its riders complete alike (pushed to `out`),
-    /// and what waited either starts (on success) or fails (the device has stopped). Returns
-    /// how many completions were pushed and what to start.
-    pub fn completed(
+    /// The linked flush `tag`, which held `desc`, never ran because its write failed: it fails
+    /// alone with `err` (the device goes on: a failed write stops no flush), and `desc` serves
+    /// what waited.
+    pub fn not_run(
         &mut self,
-        result: &Result<(), DeviceError>,
+        desc: usize,
+        tag: Tag,
+        err: DeviceError,
         out: &mut Vec<Completion>,
-    ) -> (usize, Next) {
-        self.running = false;
-        let mut pushed = self.riders.len();
-        for tag in self.riders.drain(..) {
-            out.push(flush_completion(tag, result.clone()));
+    ) -> Next {
+        out.push(flush_completion(tag, Err(err)));
+        if let Some(d) = self.descs.get_mut(desc) {
+            d.busy = false;
+            // A linked flush takes no riders; should one have any, it fails them rather than
+            // leaving them unanswered.
+            for t in d.riders.drain(..) {
+                out.push(flush_completion(t, Err(stopped())));
+            }
         }
-        if result.is_err() {
-            pushed += self.fail_waiting(out);
-            return (pushed, Next::Nothing);
+        self.next(desc, out)
+    }
+
+    /// The `fdatasync` meant for `tag` (and its riders) on `desc` could not be handed to the
+    /// engine, which has stopped: they fail with `err`, and so does everything waiting.
+    pub fn not_started(
+        &mut self,
+        desc: usize,
+        tag: Tag,
+        err: DeviceError,
+        out: &mut Vec<Completion>,
+    ) {
+        out.push(flush_completion(tag, Err(err.clone())));
+        if let Some(d) = self.descs.get_mut(desc) {
+            d.busy = false;
+            for t in d.riders.drain(..) {
+                out.push(flush_completion(t, Err(err.clone())));
+            }
         }
-        if self.waiting.is_empty() {
-            return (pushed, Next::Nothing);
+        self.fail_waiting(out);
+    }
+
+    /// `desc` has become free: after a failure what waited fails, otherwise it starts there.
+    fn next(&mut self, desc: usize, out: &mut Vec<Completion>) -> Next {
+        if self.failed {
+            self.fail_waiting(out);
+            return Next::Nothing;
+        }
+        if self.waiting.is_empty() || desc >= self.descs.len() {
+            return Next::Nothing;
         }
         let first = self.waiting[0];
-        self.riders.extend(self.waiting.drain(1..));
+        let d = &mut self.descs[desc];
+        d.busy = true;
+        d.riders.extend(self.waiting.drain(1..));
         self.waiting.clear();
-        self.running = true;
-        (pushed, Next::Start(first))
+        Next::Start { desc, tag: first }
     }
 
-    /// The flush meant to answer the riders could not be started: they fail with `err`.
-    pub fn not_started(&mut self, tag: Tag, err: DeviceError, out: &mut Vec<Completion>) -> usize {
-        self.running = false;
-        out.push(flush_completion(tag, Err(err.clone())));
-        let mut pushed = 1;
-        for t in self.riders.drain(..) {
-            out.push(flush_completion(t, Err(err.clone())));
-            pushed += 1;
-        }
-        pushed + self.fail_waiting(out)
-    }
-
-    fn fail_waiting(&mut self, out: &mut Vec<Completion>) -> usize {
-        let n = self.waiting.len();
+    fn fail_waiting(&mut self, out: &mut Vec<Completion>) {
         for tag in self.waiting.drain(..) {
-            out.push(flush_completion(
-                tag,
-                Err(DeviceError::Stopped {
-                    op: Op::Flush,
-                    lba: 0,
-                }),
-            ));
+            out.push(flush_completion(tag, Err(stopped())));
         }
-        n
     }
 }
 
-fn flush_completion(tag: Tag, result: Result<(), DeviceError>) -> Completion {
+fn stopped() -> DeviceError {
+    DeviceError::Stopped {
+        op: Op::Flush,
+        lba: 0,
+    }
+}
+
+fn injected(errno: i32) -> DeviceError {
+    super::threads::io_error(Op::Flush, 0, &std::io::Error::from_raw_os_error(errno))
+}
+
+pub(super) fn flush_completion(tag: Tag, result: Result<(), DeviceError>) -> Completion {
     Completion {
         tag,
         op: Op::Flush,
@@ -119,73 +219,134 @@ fn flush_completion(tag: Tag, result: Result<(), DeviceError>) -> Completion {
 mod tests {
     use super::*;
 
-    /// Submits as the device does; `starts`: whether it must go to the engine at once.
-    fn submit(f: &mut Flushes, tag: Tag, starts: bool) {
-        assert_eq!(!f.running(), starts, "flush {tag}");
-        if f.running() {
+    /// Submits as the device does; returns the description it started on, if any.
+    fn submit(f: &mut Flushes, tag: Tag) -> Option<usize> {
+        let d = f.take_free();
+        if d.is_none() {
             f.wait(tag);
-        } else {
-            f.started();
         }
+        d
     }
 
     fn tags(out: &[Completion]) -> Vec<(Tag, bool)> {
         out.iter().map(|c| (c.tag, c.result.is_ok())).collect()
     }
 
-    #[test]
-    fn flushes_submitted_while_one_runs_ride_on_the_next() {
-        let (mut f, mut out) = two_running();
-        submit(&mut f, 4, false);
-        let (n, next) = f.completed(&Ok(()), &mut out);
-        assert_eq!((n, tags(&out)), (1, vec![(3, true)]));
-        assert!(matches!(next, Next::Start(4)));
-        out.clear();
-        let (n, next) = f.completed(&Ok(()), &mut out);
-        assert_eq!(n, 0);
-        assert!(matches!(next, Next::Nothing));
-        submit(&mut f, 5, true);
-    }
-
-    /// Flush 1 ran and completed; 2 started with 3 riding on it.
-    fn two_running() -> (Flushes, Vec<Completion>) {
-        let mut f = Flushes::new(8);
-        submit(&mut f, 1, true);
-        submit(&mut f, 2, false);
-        submit(&mut f, 3, false);
-        let mut out = Vec::new();
-        let (n, next) = f.completed(&Ok(()), &mut out);
-        assert_eq!(n, 0);
-        assert!(matches!(next, Next::Start(2)));
-        (f, out)
-    }
-
-    #[test]
-    fn a_failed_flush_fails_its_riders_and_everything_waiting() {
-        let (mut f, mut out) = two_running();
-        submit(&mut f, 4, false);
-        let err = DeviceError::Io {
+    fn eio() -> DeviceError {
+        DeviceError::Io {
             op: Op::Flush,
             lba: 0,
             detail: "EIO".into(),
-        };
-        let (n, next) = f.completed(&Err(err), &mut out);
-        assert!(matches!(next, Next::Nothing));
-        assert_eq!((n, tags(&out)), (2, vec![(3, false), (4, false)]));
+        }
     }
 
     #[test]
-    fn a_flush_that_cannot_start_fails_with_its_riders() {
-        let (mut f, mut out) = two_running();
-        let n = f.not_started(
-            2,
-            DeviceError::Stopped {
-                op: Op::Flush,
-                lba: 0,
-            },
-            &mut out,
+    fn with_one_description_flushes_submitted_while_one_runs_ride_on_the_next() {
+        let mut f = Flushes::new(1, 8);
+        let mut out = Vec::new();
+        assert_eq!(submit(&mut f, 1), Some(0));
+        assert_eq!(submit(&mut f, 2), None);
+        assert_eq!(submit(&mut f, 3), None);
+        assert_eq!(
+            f.ran(0, 1, Ok(()), &mut out),
+            Next::Start { desc: 0, tag: 2 }
         );
-        assert_eq!((n, tags(&out)), (2, vec![(2, false), (3, false)]));
-        submit(&mut f, 4, true);
+        assert_eq!(tags(&out), vec![(1, true)]);
+        assert_eq!(submit(&mut f, 4), None);
+        out.clear();
+        assert_eq!(
+            f.ran(0, 2, Ok(()), &mut out),
+            Next::Start { desc: 0, tag: 4 }
+        );
+        assert_eq!(tags(&out), vec![(2, true), (3, true)]);
+        out.clear();
+        assert_eq!(f.ran(0, 4, Ok(()), &mut out), Next::Nothing);
+        assert_eq!(submit(&mut f, 5), Some(0));
+    }
+
+    #[test]
+    fn each_description_runs_one_and_the_first_to_free_up_takes_what_waited() {
+        let mut f = Flushes::new(2, 8);
+        let mut out = Vec::new();
+        assert_eq!(submit(&mut f, 1), Some(0));
+        assert_eq!(submit(&mut f, 2), Some(1));
+        assert_eq!(submit(&mut f, 3), None);
+        assert_eq!(submit(&mut f, 4), None);
+        // The second completes first: what waited starts on its description.
+        assert_eq!(
+            f.ran(1, 2, Ok(()), &mut out),
+            Next::Start { desc: 1, tag: 3 }
+        );
+        assert_eq!(f.ran(0, 1, Ok(()), &mut out), Next::Nothing);
+        assert_eq!(submit(&mut f, 5), Some(0));
+        assert_eq!(f.ran(1, 3, Ok(()), &mut out), Next::Nothing);
+        assert_eq!(tags(&out), vec![(2, true), (1, true), (3, true), (4, true)]);
+    }
+
+    #[test]
+    fn a_failed_flush_fails_its_riders_everything_waiting_and_every_later_completion() {
+        let mut f = Flushes::new(2, 8);
+        let mut out = Vec::new();
+        submit(&mut f, 1);
+        submit(&mut f, 2);
+        submit(&mut f, 3);
+        f.inject(libc::EIO);
+        assert_eq!(f.ran(1, 2, Ok(()), &mut out), Next::Nothing);
+        assert!(f.failed());
+        // The one beside it reports success from the kernel, and is not believed.
+        assert_eq!(f.ran(0, 1, Ok(()), &mut out), Next::Nothing);
+        assert_eq!(tags(&out), vec![(2, false), (3, false), (1, false)]);
+        assert!(matches!(&out[0].result, Err(DeviceError::Io { .. })));
+        assert_eq!(out[1].result, Err(stopped()));
+        assert_eq!(out[2].result, Err(stopped()));
+    }
+
+    #[test]
+    fn a_failure_fails_the_riders_of_its_description() {
+        let mut f = Flushes::new(1, 8);
+        let mut out = Vec::new();
+        submit(&mut f, 1);
+        submit(&mut f, 2);
+        submit(&mut f, 3);
+        assert_eq!(
+            f.ran(0, 1, Ok(()), &mut out),
+            Next::Start { desc: 0, tag: 2 }
+        );
+        submit(&mut f, 4);
+        out.clear();
+        assert_eq!(f.ran(0, 2, Err(eio()), &mut out), Next::Nothing);
+        assert_eq!(tags(&out), vec![(2, false), (3, false), (4, false)]);
+    }
+
+    #[test]
+    fn a_linked_flush_that_never_ran_fails_alone_and_frees_its_description() {
+        let mut f = Flushes::new(1, 8);
+        let mut out = Vec::new();
+        assert_eq!(f.take_free(), Some(0));
+        submit(&mut f, 2);
+        assert_eq!(
+            f.not_run(0, 1, eio(), &mut out),
+            Next::Start { desc: 0, tag: 2 }
+        );
+        assert!(!f.failed());
+        assert_eq!(tags(&out), vec![(1, false)]);
+    }
+
+    #[test]
+    fn a_flush_that_cannot_start_fails_with_its_riders_and_what_waits() {
+        let mut f = Flushes::new(1, 8);
+        let mut out = Vec::new();
+        submit(&mut f, 1);
+        submit(&mut f, 2);
+        submit(&mut f, 3);
+        assert_eq!(
+            f.ran(0, 1, Ok(()), &mut out),
+            Next::Start { desc: 0, tag: 2 }
+        );
+        submit(&mut f, 4);
+        out.clear();
+        f.not_started(0, 2, stopped(), &mut out);
+        assert_eq!(tags(&out), vec![(2, false), (3, false), (4, false)]);
+        assert_eq!(submit(&mut f, 5), Some(0));
     }
 }

@@ -11,6 +11,10 @@
 //!
 //! Both adapt to the contract's polled shape rather than the other way round, and both give a flush
 //! the same reach: every write whose completion was delivered before the flush was submitted.
+//! Flushes run on their own open file descriptions of the device, up to
+//! [`FileOptions::flush_descriptions`] at once (see `flushes` for why that is safe). Both engines
+//! give [`BlockDevice::completion_fd`] (an eventfd on Linux, see `notify`) and
+//! [`BlockDevice::submit_write_flush`].
 //!
 //! Files are opened with `O_DIRECT` by default, so that a completed write is in the device (or its
 //! cache) rather than in the page cache, and so that reads during recovery see the medium, not a
@@ -20,21 +24,29 @@
 mod create;
 mod engine;
 mod flushes;
+mod notify;
 mod open;
 mod threads;
 #[cfg(target_os = "linux")]
 mod uring;
 
 pub use engine::{fail_next_io_uring_setup, io_uring_support, Engine, UnknownEngine};
+pub use notify::fd_readable;
 
+use std::os::fd::BorrowedFd;
 use std::path::Path;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::{check_io, BlockDevice, Completion, DeviceError, DeviceInfo, IoBuffer, Op, Tag};
 
-use engine::Io;
-use flushes::{Flushes, Next};
-use threads::{Request, Submit};
+use engine::{FlushEvent, Io, Linked};
+use flushes::{flush_completion, Flushes, Next};
+use notify::Notifier;
+use threads::Request;
+
+/// The most flush descriptions a device opens ([`FileOptions::flush_descriptions`]).
+pub const MAX_FLUSH_DESCRIPTIONS: usize = 64;
 
 /// How a [`FileDevice`] is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +70,15 @@ pub struct FileOptions {
     /// How I/O is carried out: io_uring, the I/O threads, or io_uring when it can be set up
     /// ([`Engine::Auto`], the default). [`FileDevice::engine`] says which one runs.
     pub engine: Engine,
+    /// How many more open file descriptions of the device are opened for flushes, which is how
+    /// many `fdatasync`s may run at once (one per description; a flush submitted while all are
+    /// busy waits and rides on the next one to start). 1 gives one `fdatasync` at a time. From 1
+    /// to [`MAX_FLUSH_DESCRIPTIONS`]; a read-only open opens none. The default is 1. More closes
+    /// the page cache's error race through Linux's per-description write-back error reporting
+    /// (README, "File engines"), but not a drive or block layer that reports a failed cache
+    /// write-back to only one of two flushes running at once: the earlier flush could then
+    /// succeed over lost data. Measured on this project's virtio disk it gained nothing.
+    pub flush_descriptions: usize,
 }
 
 impl Default for FileOptions {
@@ -68,6 +89,8 @@ impl Default for FileOptions {
             direct: true,
             read_only: false,
             engine: Engine::default(),
+            // One `fdatasync` at a time: see the field's docs for what running several risks.
+            flush_descriptions: 1,
         }
     }
 }
@@ -90,8 +113,32 @@ pub struct FileDevice {
     queue_depth: usize,
     in_flight: usize,
     io: Io,
-    /// One `fdatasync` at a time (see `flushes`).
+    /// Which flush descriptions run an `fdatasync`, and the flushes waiting (see `flushes`).
     flushes: Flushes,
+    /// What the engine reported about flushes since the last settle (kept for its capacity).
+    events: Vec<FlushEvent>,
+    /// Test seam: the gate of the next flush that `submit_flush` starts at once.
+    hold: Option<Arc<Notifier>>,
+}
+
+/// Test seam: holds one flush's `fdatasync` until released (or dropped); see
+/// [`FileDevice::hold_next_flush`].
+#[doc(hidden)]
+pub struct FlushHold {
+    gate: Arc<Notifier>,
+}
+
+impl FlushHold {
+    /// Lets the held `fdatasync` run.
+    pub fn release(&self) {
+        self.gate.signal();
+    }
+}
+
+impl Drop for FlushHold {
+    fn drop(&mut self) {
+        self.gate.signal();
+    }
 }
 
 impl FileDevice {
@@ -131,10 +178,24 @@ impl FileDevice {
                 "FileOptions::queue_depth must be at least 1".into(),
             ));
         }
+        if !(1..=MAX_FLUSH_DESCRIPTIONS).contains(&opts.flush_descriptions) {
+            return Err(open_err(format!(
+                "FileOptions::flush_descriptions must be from 1 to {MAX_FLUSH_DESCRIPTIONS}, not {}",
+                opts.flush_descriptions
+            )));
+        }
         let mut opened = open::open_device(path, opts.direct, opts.read_only, lock)?;
+        // A read-only device never flushes.
+        let descriptions = if opts.read_only {
+            0
+        } else {
+            opts.flush_descriptions
+        };
+        let flushers = open::open_flush_descriptions(path, &opened.file, descriptions)?;
         let logical = u64::from(opened.info.logical_block_size);
-        let (io, fallback) = Io::start(opened.file, logical, &opts).map_err(open_err)?;
-        opened.info.engine = io.describe(opts.io_threads, fallback.as_deref());
+        let (io, fallback) = Io::start(opened.file, flushers, logical, &opts).map_err(open_err)?;
+        opened.info.engine = io.describe(opts.io_threads, descriptions, fallback.as_deref());
+        opened.info.linked_flush = !opts.read_only;
         let queue_depth = io.depth().unwrap_or(opts.queue_depth);
         let buffer_align = (opened.info.logical_block_size as usize)
             .max(4096)
@@ -148,7 +209,9 @@ impl FileDevice {
             queue_depth,
             in_flight: 0,
             io,
-            flushes: Flushes::new(queue_depth),
+            flushes: Flushes::new(descriptions, queue_depth),
+            events: Vec::with_capacity(queue_depth),
+            hold: None,
         })
     }
 
@@ -193,10 +256,52 @@ impl FileDevice {
     /// failed-flush path (the device stops) can be exercised on a healthy file.
     #[doc(hidden)]
     pub fn inject_flush_failure(&mut self, errno: i32) {
-        self.io.inject_flush_failure(errno);
+        self.flushes.inject(errno);
     }
 
-    fn admit(&self, op: Op, lba: u64) -> Result<(), DeviceError> {
+    /// Test seam: the `fdatasync` of the next flush that `submit_flush` starts at once (not one
+    /// that waits for a description, not a linked one) waits, in the engine, until the returned
+    /// hold is released or dropped, so that a test can keep one flush running. Dropping the device
+    /// releases it too.
+    #[doc(hidden)]
+    pub fn hold_next_flush(&mut self) -> Result<FlushHold, DeviceError> {
+        let gate = Arc::new(Notifier::new().map_err(|e| DeviceError::Io {
+            op: Op::Flush,
+            lba: 0,
+            detail: format!("cannot create a flush hold: {e}"),
+        })?);
+        self.hold = Some(Arc::clone(&gate));
+        Ok(FlushHold { gate })
+    }
+
+    /// Test seam: how many linked flushes the io_uring engine issued itself after their write,
+    /// because the kernel severed the link (a short first attempt); 0 for the threads.
+    #[doc(hidden)]
+    pub fn linked_flushes_reissued(&self) -> u64 {
+        self.io.reissued()
+    }
+
+    /// Test seam: the next write fails with `EBADF` (io_uring: in the kernel, on an invalid
+    /// descriptor; threads: without being carried out).
+    #[doc(hidden)]
+    pub fn fail_next_write(&mut self) {
+        self.io.fail_next_write();
+    }
+
+    /// Test seam (io_uring; returns false for the threads): the next linked write of at least two
+    /// blocks goes to the kernel as a short first attempt whose link is severed, as a real short
+    /// write's would be, so the write is continued and its flush issued after it.
+    #[doc(hidden)]
+    pub fn short_next_linked_write(&mut self) -> bool {
+        self.io.short_next_linked_write()
+    }
+
+    fn stopped(&self) -> bool {
+        self.flushes.failed() || self.io.stopped()
+    }
+
+    /// Whether `n` more I/Os (`op` at `lba`) may go in flight.
+    fn admit(&self, op: Op, lba: u64, n: usize) -> Result<(), DeviceError> {
         if self.read_only && op != Op::Read {
             return Err(DeviceError::BadRequest {
                 op,
@@ -205,10 +310,10 @@ impl FileDevice {
                 why: "the device was opened read-only",
             });
         }
-        if self.io.stopped() {
+        if self.stopped() {
             return Err(DeviceError::Stopped { op, lba });
         }
-        if self.in_flight >= self.queue_depth {
+        if self.in_flight + n > self.queue_depth {
             return Err(DeviceError::QueueFull {
                 op,
                 lba,
@@ -218,13 +323,8 @@ impl FileDevice {
         Ok(())
     }
 
-    fn submit_io(
-        &mut self,
-        op: Op,
-        tag: Tag,
-        lba: u64,
-        buffer: IoBuffer,
-    ) -> Result<(), DeviceError> {
+    /// Checks a write's or read's shape and buffer, then whether `n` I/Os may go in flight.
+    fn admit_io(&self, op: Op, lba: u64, buffer: &IoBuffer, n: usize) -> Result<(), DeviceError> {
         check_io(&self.info, op, lba, buffer.len())?;
         if !(buffer.as_ptr() as usize).is_multiple_of(self.mem_align) {
             return Err(DeviceError::BadRequest {
@@ -234,58 +334,82 @@ impl FileDevice {
                 why: "the buffer is not aligned for direct I/O; allocate it with alloc_buffer",
             });
         }
-        self.admit(op, lba)?;
-        self.send(Request {
-            tag,
-            op,
-            lba,
-            buffer: Some(buffer),
-        })
+        self.admit(op, lba, n)
     }
 
-    fn send(&mut self, req: Request) -> Result<(), DeviceError> {
-        self.dispatch(req).map(|()| self.in_flight += 1)
+    fn submit_io(
+        &mut self,
+        op: Op,
+        tag: Tag,
+        lba: u64,
+        buffer: IoBuffer,
+    ) -> Result<(), DeviceError> {
+        self.admit_io(op, lba, &buffer, 1)?;
+        self.io
+            .dispatch(io_request(tag, op, lba, buffer, None), self.in_flight)?;
+        self.in_flight += 1;
+        Ok(())
     }
 
-    /// Hands a request to the engine (not counting it: `send` does, or it was counted already).
-    fn dispatch(&mut self, req: Request) -> Result<(), DeviceError> {
-        let (op, lba) = (req.op, req.lba);
-        match &mut self.io {
-            Io::Threads(pool) => match pool.submit(req) {
-                Submit::Queued => Ok(()),
-                // Cannot happen while in_flight <= queue_depth bounds the channel, but is not a
-                // panic.
-                Submit::Full => Err(DeviceError::QueueFull {
-                    op,
-                    lba,
-                    depth: self.in_flight,
-                }),
-                Submit::Gone => Err(DeviceError::Stopped { op, lba }),
-            },
-            #[cfg(target_os = "linux")]
-            Io::Uring(ring) => ring.push(req),
+    /// Starts flush `tag` (already counted in flight) on a free description, or lets it wait for
+    /// the next `fdatasync` to start when every one is busy.
+    fn start_flush(&mut self, tag: Tag, out: &mut Vec<Completion>) -> Result<(), DeviceError> {
+        let Some(desc) = self.flushes.take_free() else {
+            self.flushes.wait(tag);
+            return Ok(());
+        };
+        if let Err(e) = self.io.dispatch(flush_request(tag, desc), self.in_flight) {
+            // Counted already: it fails as a completion, with what waited behind it.
+            self.flushes.not_started(desc, tag, e.clone(), out);
+            return Err(e);
         }
+        Ok(())
     }
 
-    /// The flush completions the engine just delivered (`out[from..]`) answer the flushes that
-    /// rode on them and start the one that waited; returns the completions added.
-    fn settle_flushes(&mut self, out: &mut Vec<Completion>, from: usize) -> usize {
-        let end = out.len();
-        let mut added = 0;
-        for i in from..end {
-            if out[i].op != Op::Flush {
-                continue;
-            }
-            let result = out[i].result.clone();
-            let (n, next) = self.flushes.completed(&result, out);
-            added += n;
-            if let Next::Start(tag) = next {
-                if let Err(e) = self.dispatch(flush_request(tag)) {
-                    added += self.flushes.not_started(tag, e, out);
+    /// Turns what the engine reported about flushes into completions (pushed to `out`) and
+    /// starts the flushes that were waiting for a description or for their linked write.
+    fn settle(&mut self, out: &mut Vec<Completion>) {
+        let mut events = std::mem::take(&mut self.events);
+        for ev in events.drain(..) {
+            let next = match ev {
+                FlushEvent::Ran { desc, tag, result } => self.flushes.ran(desc, tag, result, out),
+                FlushEvent::Unrun {
+                    desc: Some(desc),
+                    tag,
+                    err,
+                } => self.flushes.not_run(desc, tag, err, out),
+                FlushEvent::Unrun {
+                    desc: None,
+                    tag,
+                    err,
+                } => {
+                    out.push(flush_completion(tag, Err(err)));
+                    Next::Nothing
+                }
+                FlushEvent::Due { tag } if self.stopped() => {
+                    out.push(flush_completion(
+                        tag,
+                        Err(DeviceError::Stopped {
+                            op: Op::Flush,
+                            lba: 0,
+                        }),
+                    ));
+                    Next::Nothing
+                }
+                FlushEvent::Due { tag } => {
+                    // Its write has completed: it is submitted now, like any flush. A failure to
+                    // start it is already its completion.
+                    let _ = self.start_flush(tag, out);
+                    Next::Nothing
+                }
+            };
+            if let Next::Start { desc, tag } = next {
+                if let Err(e) = self.io.dispatch(flush_request(tag, desc), self.in_flight) {
+                    self.flushes.not_started(desc, tag, e, out);
                 }
             }
         }
-        added
+        self.events = events;
     }
 
     fn delivered(&mut self, n: usize) -> usize {
@@ -317,39 +441,44 @@ impl BlockDevice for FileDevice {
         self.submit_io(Op::Read, tag, lba, buffer)
     }
 
-    /// Queues an `fdatasync`. It covers every write whose completion was delivered before this
-    /// call, because a write's completion is queued only after its `pwrite` returned. One runs
-    /// at a time: a flush submitted while one runs rides on the next (see `flushes`).
-    /// After a flush has failed the device refuses everything with [`DeviceError::Stopped`]: the
-    /// kernel reports a writeback error once, so a later flush could succeed and lie.
+    /// Queues an `fdatasync` on a flush description with none running. It covers every write
+    /// whose completion was delivered before this call, because a write's completion is queued
+    /// only after its `pwrite` (or CQE) returned. When every description is busy, it rides on the
+    /// next `fdatasync` to start (see `flushes`). After a flush has failed the device refuses
+    /// everything with [`DeviceError::Stopped`]: the kernel reports a write-back error once per
+    /// description, so a later flush could succeed and lie.
     fn submit_flush(&mut self, tag: Tag) -> Result<(), DeviceError> {
-        self.admit(Op::Flush, 0)?;
-        if self.flushes.running() {
-            // It waits for the running one and rides on the next fdatasync (see `flushes`).
+        self.admit(Op::Flush, 0, 1)?;
+        let Some(desc) = self.flushes.take_free() else {
             self.flushes.wait(tag);
             self.in_flight += 1;
             return Ok(());
+        };
+        let mut req = flush_request(tag, desc);
+        req.gate = self.hold.take();
+        if let Err(e) = self.io.dispatch(req, self.in_flight) {
+            self.flushes.untake(desc);
+            return Err(e);
         }
-        self.send(flush_request(tag))?;
-        self.flushes.started();
+        self.in_flight += 1;
         Ok(())
     }
 
-    /// Takes the completions that are ready. With io_uring this is also where queued submissions
-    /// reach the kernel (one `io_uring_enter` for all of them).
+    /// Takes the completions that are ready, after resetting the completion descriptor. With
+    /// io_uring this is also where queued submissions reach the kernel (one `io_uring_enter`
+    /// before the reap, and one after it for flushes started while settling).
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError> {
         let before = out.len();
-        let n = match &mut self.io {
-            Io::Threads(pool) => {
-                let before = out.len();
-                out.extend(std::iter::from_fn(|| pool.try_recv()));
-                out.len() - before
-            }
-            #[cfg(target_os = "linux")]
-            Io::Uring(ring) => ring.poll(out)?,
-        };
-        let n = n + self.settle_flushes(out, before);
-        Ok(self.delivered(n))
+        self.io.poll(out, &mut self.events)?;
+        self.settle(out);
+        let submitted = self.io.submit_queued();
+        let n = self.delivered(out.len() - before);
+        match submitted {
+            // What stays queued goes to the kernel at the next poll, which the completions
+            // delivered now make the owner call.
+            Err(e) if n == 0 => Err(e),
+            _ => Ok(n),
+        }
     }
 
     /// Sleeps for up to `timeout` for the first completion (on the completion channel, or in
@@ -357,30 +486,62 @@ impl BlockDevice for FileDevice {
     /// Returns `Ok(0)` when the time ran out, and at once when nothing is in flight (every
     /// completion belongs to an I/O counted in flight).
     fn wait(&mut self, out: &mut Vec<Completion>, timeout: Duration) -> Result<usize, DeviceError> {
-        if self.in_flight == 0 {
-            return Ok(0);
-        }
+        let deadline = Instant::now().checked_add(timeout);
         let before = out.len();
-        let n = match &mut self.io {
-            Io::Threads(pool) => match pool.recv_timeout(timeout) {
-                Ok(Some(c)) => {
-                    out.push(c);
-                    out.extend(std::iter::from_fn(|| pool.try_recv()));
-                    out.len() - before
-                }
-                Ok(None) => 0,
-                Err(()) => {
-                    return Err(DeviceError::Stopped {
-                        op: Op::Flush,
-                        lba: 0,
-                    })
-                }
-            },
-            #[cfg(target_os = "linux")]
-            Io::Uring(ring) => ring.wait(out, timeout)?,
+        loop {
+            if self.in_flight == 0 {
+                return Ok(0);
+            }
+            let now = Instant::now();
+            let left = deadline.map_or(timeout, |d| d.saturating_duration_since(now));
+            self.io.wait(out, &mut self.events, left)?;
+            self.settle(out);
+            let submitted = self.io.submit_queued();
+            let n = self.delivered(out.len() - before);
+            if n > 0 {
+                return Ok(n);
+            }
+            submitted?;
+            // Only a flush event came (a linked write completed and its flush started): wait on.
+            if deadline.is_some_and(|d| Instant::now() >= d) || left.is_zero() {
+                return Ok(0);
+            }
+        }
+    }
+
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        // SAFETY: the descriptor belongs to this device's notifier (an `OwnedFd` inside
+        // `self.io`), which is closed only when the device is dropped: it outlives this borrow.
+        Some(unsafe { BorrowedFd::borrow_raw(self.io.notify_fd()) })
+    }
+
+    /// A write and an `fdatasync` that starts only after the write completed in full. With a
+    /// free flush description the pair goes to the engine together (io_uring: two linked SQEs;
+    /// threads: one thread writes, then syncs); with none, the write goes alone and the flush is
+    /// submitted like any other once the write has completed. The write's completion is always
+    /// delivered before the flush's.
+    fn submit_write_flush(
+        &mut self,
+        write_tag: Tag,
+        lba: u64,
+        buffer: IoBuffer,
+        flush_tag: Tag,
+    ) -> Result<(), DeviceError> {
+        self.admit_io(Op::Write, lba, &buffer, 2)?;
+        let desc = self.flushes.take_free();
+        let linked = Linked {
+            tag: flush_tag,
+            desc,
         };
-        let n = n + self.settle_flushes(out, before);
-        Ok(self.delivered(n))
+        let req = io_request(write_tag, Op::Write, lba, buffer, Some(linked));
+        if let Err(e) = self.io.dispatch(req, self.in_flight) {
+            if let Some(d) = desc {
+                self.flushes.untake(d);
+            }
+            return Err(e);
+        }
+        self.in_flight += 2;
+        Ok(())
     }
 
     fn in_flight(&self) -> usize {
@@ -388,12 +549,27 @@ impl BlockDevice for FileDevice {
     }
 }
 
-fn flush_request(tag: Tag) -> Request {
+fn flush_request(tag: Tag, desc: usize) -> Request {
     Request {
         tag,
         op: Op::Flush,
         lba: 0,
         buffer: None,
+        desc,
+        linked: None,
+        gate: None,
+    }
+}
+
+fn io_request(tag: Tag, op: Op, lba: u64, buffer: IoBuffer, linked: Option<Linked>) -> Request {
+    Request {
+        tag,
+        op,
+        lba,
+        buffer: Some(buffer),
+        desc: 0,
+        linked,
+        gate: None,
     }
 }
 

@@ -121,9 +121,53 @@ pub(super) fn open_device(
             health: String::new(),
             // Filled in by the engine once it runs.
             engine: String::new(),
+            // Set by the device once it knows it may write.
+            linked_flush: false,
         },
         mem_align: if direct { geo.mem_align.max(1) } else { 1 },
     })
+}
+
+/// Opens `n` more descriptions of the device at `path` for flushes (see `flushes`), read-write,
+/// and checks that each is the same file as `main` (`st_dev` and `st_ino`): a path replaced since
+/// `main` was opened would have the flushes sync another file. Without `O_DIRECT` (an `fdatasync`
+/// transfers nothing) and without `O_EXCL` (the main description holds a block device's exclusive
+/// claim; a second exclusive open would be refused).
+pub(super) fn open_flush_descriptions(
+    path: &Path,
+    main: &File,
+    n: usize,
+) -> Result<Vec<File>, DeviceError> {
+    let err = |detail: String| open_error(path, detail);
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let want = main
+        .metadata()
+        .map_err(|e| err(format!("fstat failed: {e}")))?;
+    (1..=n)
+        .map(|i| {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .map_err(|e| err(format!("cannot open flush description {i} of {n}: {e}")))?;
+            let got = f
+                .metadata()
+                .map_err(|e| err(format!("fstat of flush description {i} failed: {e}")))?;
+            if (got.dev(), got.ino()) != (want.dev(), want.ino()) {
+                return Err(err(format!(
+                    "flush description {i} is another file (dev={} ino={}) than the device \
+                     opened (dev={} ino={}): the path was replaced while it was being opened",
+                    got.dev(),
+                    got.ino(),
+                    want.dev(),
+                    want.ino()
+                )));
+            }
+            Ok(f)
+        })
+        .collect()
 }
 
 fn describe(meta: &Metadata) -> &'static str {
@@ -449,6 +493,34 @@ mod tests {
     #[test]
     fn blkgetsize64_matches_the_kernel_header() {
         assert_eq!(format!("{BLKGETSIZE64:#x}"), "0x80081272");
+    }
+
+    #[test]
+    fn a_flush_description_of_another_file_is_refused_naming_both() {
+        let dir = std::env::temp_dir().join(format!("nvmq-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        for p in [&a, &b] {
+            std::fs::write(p, [0u8; 4096]).unwrap();
+        }
+        let main = File::open(&a).unwrap();
+        let (ma, mb) = (
+            std::fs::metadata(&a).unwrap(),
+            std::fs::metadata(&b).unwrap(),
+        );
+        assert_eq!(open_flush_descriptions(&a, &main, 3).unwrap().len(), 3);
+        assert!(open_flush_descriptions(&a, &main, 0).unwrap().is_empty());
+        // As if `a` had been replaced by `b` after the main description was opened.
+        let e = open_flush_descriptions(&b, &main, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("dev={} ino={}", mb.dev(), mb.ino()))
+                && e.contains(&format!("dev={} ino={}", ma.dev(), ma.ino()))
+                && e.contains("flush description 1"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -342,6 +342,7 @@ impl<H: Host> NvmeDevice<H> {
                 Err(e) => format!("SMART log not read: {e}"),
             },
             engine: String::new(),
+            linked_flush: false,
         };
         let pci = ctrl.host.name().to_string();
         let ctrl = guard

@@ -175,6 +175,7 @@ fn info_for(cfg: &SimConfig) -> DeviceInfo {
         model: "nvmq sim".into(),
         health: String::new(),
         engine: String::new(),
+        linked_flush: false,
     }
 }
 
