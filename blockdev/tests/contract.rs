@@ -128,11 +128,12 @@ fn file_device_boxed() {
 }
 
 fn sim_suite(what: &str, cfg: SimConfig) {
-    let seed = cfg.seed;
+    let (seed, linked) = (cfg.seed, cfg.linked_flush);
     let mut f = SimFactory::new(cfg);
-    // Polled, without linked pairs: the suite checks that those are refused.
+    // Polled; linked pairs only when configured (else the suite checks they are refused).
     let dev = f.open().unwrap();
-    assert!(dev.completion_fd().is_none() && !dev.info().linked_flush);
+    assert!(dev.completion_fd().is_none());
+    assert_eq!(dev.info().linked_flush, linked);
     assert_suite_passes(&format!("the sim ({what}, seed {seed})"), &mut f);
     // Every reopen was a power cut.
     assert_eq!(f.handle().map(|h| h.stats().cuts), Some(2));
@@ -170,6 +171,16 @@ fn sim_with_a_virtual_clock_latency_and_a_queue_of_four() {
     cfg.flush_latency = Latency::Fixed(Duration::from_micros(50));
     cfg.serialize_flushes = true;
     sim_suite("virtual clock, latency, depth 4", cfg);
+}
+
+#[test]
+fn sim_with_linked_write_and_flush() {
+    let mut cfg = SimConfig::new(15, 4 << 20);
+    cfg.linked_flush = true;
+    cfg.clock = SimClock::virtual_at_zero();
+    cfg.write_latency = Latency::Fixed(Duration::from_micros(20));
+    cfg.flush_latency = Latency::Fixed(Duration::from_micros(100));
+    sim_suite("linked write+flush, virtual clock", cfg);
 }
 
 #[cfg(target_os = "linux")]

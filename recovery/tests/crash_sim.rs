@@ -31,12 +31,18 @@ const REGRESSION_SEEDS: &[u64] = &[
     // A cut at a submission during the load stopped the writer; the harness took the refused
     // appends for a failure (fixed in the harness, 2026-12-02).
     16178862113374003123,
+    // The harness's cut-at-a-submission wrapper did not pass linked write+flush pairs on.
+    14278390061500524072,
 ];
 
 /// Seeds of the write/flush error campaign (20 cuts each, faults without bit rot) that once
 /// failed. 10443299422320433550: a flush failing while an earlier flush still ran doomed data that
 /// the earlier flush then reported durable (fixed in the sim's doom rule).
-const FAULT_REGRESSION_SEEDS: &[u64] = &[10443299422320433550];
+/// 7486691532735229746: a superblock flush submitted while a linked flush still waited for its
+/// write reached the device first, failed out of order, and the linked one "succeeded" over its
+/// lost data, which the writer then acknowledged (fixed: no flush is submitted while a linked
+/// flush's write is in flight, so the device sees flushes in the writer's order).
+const FAULT_REGRESSION_SEEDS: &[u64] = &[10443299422320433550, 7486691532735229746];
 
 /// A device wrapper that cuts the power at its n-th submission: a cut *during* recovery.
 struct CutAfter {
@@ -75,6 +81,16 @@ impl BlockDevice for CutAfter {
     fn submit_flush(&mut self, tag: Tag) -> Result<(), DeviceError> {
         self.tick();
         self.inner.submit_flush(tag)
+    }
+    fn submit_write_flush(
+        &mut self,
+        tag: Tag,
+        lba: u64,
+        b: IoBuffer,
+        flush: Tag,
+    ) -> Result<(), DeviceError> {
+        self.tick();
+        self.inner.submit_write_flush(tag, lba, b, flush)
     }
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError> {
         self.inner.poll(out)
@@ -159,6 +175,10 @@ impl World {
             max: Duration::from_millis(5),
         };
         sim.clock = clock.clone();
+        // Half the seeds take linked write+flush pairs (the writer links a batch's flush when
+        // it can), the others separate flushes: from the seed, not drawn, so that the
+        // regression seeds keep their meaning.
+        sim.linked_flush = (seed >> 2).is_multiple_of(2);
         let (dev, handle) = SimDevice::new(sim);
         let on_full = if rng.chance(0.2) {
             OnFull::Refuse
@@ -457,6 +477,8 @@ struct Summary {
     cuts: u64,
     acked: u64,
     refused_damage: u64,
+    /// Batches written with a linked flush.
+    linked: u64,
 }
 
 fn open_dev(w: &mut World, dev: SimDevice) -> Dev {
@@ -729,6 +751,7 @@ fn run(seed: u64, cuts: u64, knobs: Knobs) -> Result<Summary, String> {
         dev = world.handle.power_on();
     }
     summary.cuts = world.cuts;
+    summary.linked = world.handle.stats().linked_flushes;
     summary.acked = world.truth.values().map(|t| t.len() as u64).sum();
 
     if knobs.bitrot {
@@ -836,6 +859,7 @@ fn campaign(name: &str, first: u64, total_cuts: u64, per_seed: u64, knobs: Knobs
     let mut seed = first;
     let mut acked = 0;
     let mut refused = 0;
+    let mut linked = 0;
     let mut seeds = 0;
     while done < total_cuts {
         match run(seed, per_seed.min(total_cuts - done).max(1), knobs) {
@@ -843,6 +867,7 @@ fn campaign(name: &str, first: u64, total_cuts: u64, per_seed: u64, knobs: Knobs
                 done += s.cuts;
                 acked += s.acked;
                 refused += s.refused_damage;
+                linked += s.linked;
             }
             Err(e) => panic!("{name}: {e}\nreplay: NVMQ_SEED={seed} cargo test -p nvmq-recovery --test crash_sim {name}"),
         }
@@ -851,7 +876,13 @@ fn campaign(name: &str, first: u64, total_cuts: u64, per_seed: u64, knobs: Knobs
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
     }
-    println!("{name}: {seeds} seeds, {done} cuts, {acked} records verified, {refused} bit-rot refusals (first seed {first})");
+    println!("{name}: {seeds} seeds, {done} cuts, {acked} records verified, {refused} bit-rot refusals, {linked} batches written with a linked flush (first seed {first})");
+    if seeds >= 8 {
+        assert!(
+            linked > 0,
+            "{name}: no batch was written with a linked flush"
+        );
+    }
 }
 
 #[test]

@@ -63,6 +63,8 @@ impl State {
         let lbs = self.lbs();
         let cap = self.cfg.capacity;
         let inflight = std::mem::take(&mut self.inflight);
+        // Linked flushes whose write had not completed never ran.
+        self.linked.clear();
         report.dropped_ios = inflight.len() as u64;
         for p in inflight.into_values() {
             if let Work::Write {

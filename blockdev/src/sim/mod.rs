@@ -71,6 +71,10 @@ pub struct SimConfig {
     /// sectors.
     pub rmw_damage: bool,
     pub clock: SimClock,
+    /// Takes a write and a flush linked (`submit_write_flush`): the flush is submitted by the
+    /// device at the moment the write completes, so the crash model treats it exactly as a flush
+    /// submitted then.
+    pub linked_flush: bool,
 }
 
 impl SimConfig {
@@ -91,6 +95,7 @@ impl SimConfig {
             garbage_sectors: false,
             rmw_damage: false,
             clock: SimClock::real(),
+            linked_flush: false,
         }
     }
 
@@ -140,6 +145,8 @@ pub struct SimStats {
     /// Submissions accepted.
     pub writes: u64,
     pub flushes: u64,
+    /// Write+flush pairs taken linked (`submit_write_flush`); both also count above.
+    pub linked_flushes: u64,
     pub reads: u64,
     /// Bytes of writes that completed successfully.
     pub bytes_written: u64,
@@ -175,7 +182,7 @@ fn info_for(cfg: &SimConfig) -> DeviceInfo {
         model: "nvmq sim".into(),
         health: String::new(),
         engine: String::new(),
-        linked_flush: false,
+        linked_flush: cfg.linked_flush,
     }
 }
 
@@ -268,6 +275,18 @@ impl BlockDevice for SimDevice {
         self.state().submit_flush(generation, tag)
     }
 
+    fn submit_write_flush(
+        &mut self,
+        write_tag: Tag,
+        lba: u64,
+        buffer: IoBuffer,
+        flush_tag: Tag,
+    ) -> Result<(), DeviceError> {
+        let generation = self.generation;
+        self.state()
+            .submit_write_flush(generation, write_tag, lba, buffer, flush_tag)
+    }
+
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError> {
         let generation = self.generation;
         self.state().poll(generation, out)
@@ -315,7 +334,8 @@ impl BlockDevice for SimDevice {
         if st.off || st.generation != self.generation {
             0
         } else {
-            st.inflight.len()
+            // A linked flush waiting for its write counts too.
+            st.inflight.len() + st.linked.len()
         }
     }
 }
@@ -340,6 +360,7 @@ impl SimHandle {
         st.off = false;
         st.cache.clear();
         st.inflight.clear();
+        st.linked.clear();
         st.last_flush_finish = 0;
         SimDevice {
             shared: self.shared.clone(),

@@ -68,6 +68,8 @@ pub(crate) struct State {
     /// Submitted, not yet delivered I/Os by submission id (a BTreeMap: every walk over it is in
     /// submission order, so no decision depends on hashing).
     pub(crate) inflight: BTreeMap<u64, Pending>,
+    /// Linked flushes by the id of the write they wait for: submitted when it completes.
+    pub(crate) linked: BTreeMap<u64, Tag>,
     pub(crate) next_id: u64,
     /// Count of writes completed so far; the next cache entry's `cseq`.
     pub(crate) completed_writes: u64,
@@ -89,6 +91,7 @@ impl State {
             info,
             cache: Vec::new(),
             inflight: BTreeMap::new(),
+            linked: BTreeMap::new(),
             next_id: 0,
             completed_writes: 0,
             last_flush_finish: 0,
@@ -189,9 +192,71 @@ impl State {
         Ok(())
     }
 
+    /// A write, and a flush the device submits itself when the write has completed without error
+    /// (then it covers that write); if the write fails, the flush fails too and never runs.
+    pub(crate) fn submit_write_flush(
+        &mut self,
+        generation: u64,
+        write_tag: Tag,
+        lba: u64,
+        buffer: IoBuffer,
+        flush_tag: Tag,
+    ) -> Result<(), DeviceError> {
+        if !self.cfg.linked_flush {
+            return Err(DeviceError::BadRequest {
+                op: Op::Write,
+                lba,
+                len: buffer.len(),
+                why: crate::LINKED_FLUSH_UNSUPPORTED,
+            });
+        }
+        self.check_on(generation, Op::Write, lba)?;
+        // Room for both: the flush takes its slot once the write is done.
+        if self.inflight.len() + self.linked.len() + 2 > self.cfg.queue_depth {
+            return Err(DeviceError::QueueFull {
+                op: Op::Write,
+                lba,
+                depth: self.inflight.len() + self.linked.len(),
+            });
+        }
+        let id = self.next_id;
+        self.submit_write(generation, write_tag, lba, buffer)?;
+        self.linked.insert(id, flush_tag);
+        self.stats.linked_flushes += 1;
+        Ok(())
+    }
+
+    /// The write `id` completed (delivered as `done`): submits its linked flush now, or fails it
+    /// when the write failed.
+    fn release_linked(&mut self, id: u64, done: &Completion, out: &mut Vec<Completion>) {
+        let Some(tag) = self.linked.remove(&id) else {
+            return;
+        };
+        match &done.result {
+            Ok(()) => self.start_flush(tag),
+            Err(_) => out.push(Completion {
+                tag,
+                op: Op::Flush,
+                lba: 0,
+                buffer: None,
+                result: Err(DeviceError::Io {
+                    op: Op::Flush,
+                    lba: 0,
+                    detail: format!("not run: its linked write at block {} failed", done.lba),
+                }),
+            }),
+        }
+    }
+
     pub(crate) fn submit_flush(&mut self, generation: u64, tag: Tag) -> Result<(), DeviceError> {
         self.check_on(generation, Op::Flush, 0)?;
         self.check_room(Op::Flush, 0)?;
+        self.start_flush(tag);
+        Ok(())
+    }
+
+    /// A flush enters service now, covering every write completed so far.
+    fn start_flush(&mut self, tag: Tag) {
         let id = self.next_id;
         let (fails, held) = if let Some(first) = self.faults.ooo_first.take() {
             // Second flush of an out-of-order pair: it succeeds, and the first (failing) one is
@@ -236,7 +301,6 @@ impl State {
                 p.held = true;
             }
         }
-        Ok(())
     }
 
     /// Delivers every I/O whose service has ended, in (due time, seeded tie-break) order, applying
@@ -273,8 +337,12 @@ impl State {
             ready.sort_unstable();
             for (_, _, id) in ready {
                 if let Some(p) = self.inflight.remove(&id) {
-                    out.push(self.complete(id, p));
-                    n += 1;
+                    let c = self.complete(id, p);
+                    let before = out.len();
+                    self.release_linked(id, &c, out);
+                    // The write's completion goes before its (failed) linked flush's.
+                    out.insert(before, c);
+                    n += out.len() - before;
                 }
             }
         }

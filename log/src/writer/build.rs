@@ -257,10 +257,23 @@ impl<D: BlockDevice> Writer<D> {
             ios.push((segs[0].0, buf));
         }
         let n = ios.len() as u32;
+        // One write, and nothing below it unwritten: its flush goes with it, started by the
+        // device once the write completed (one wake-up instead of two for a lone producer).
+        let linked = n == 1 && self.link_flush(position);
         for (byte_offset, b) in ios {
             let tag = TAG_WRITE | self.bump_tag();
             let lba = byte_offset / self.geo.logical_block;
-            if let Err(e) = self.dev.submit_write(tag, lba, b) {
+            let submitted = if linked {
+                let flush = TAG_FLUSH | self.bump_tag();
+                let r = self.dev.submit_write_flush(tag, lba, b, flush);
+                if r.is_ok() {
+                    self.flush_submitted(flush, Some((position, position + len as u64)), now);
+                }
+                r
+            } else {
+                self.dev.submit_write(tag, lba, b)
+            };
+            if let Err(e) = submitted {
                 self.fail(LogError::Device {
                     op: "submit a batch write",
                     source: e,

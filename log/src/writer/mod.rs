@@ -166,7 +166,11 @@ struct FlushSlot {
     tag: u64,
     /// When it was submitted, for the flush latency figure.
     submitted_ns: u64,
+    /// Everything below this was written (its completion delivered) when the flush was submitted.
     covers: u64,
+    /// The batch [start, end) whose write this flush is linked to (`submit_write_flush`): the
+    /// device starts the flush only after that write completed, so it covers it too.
+    linked: Option<(u64, u64)>,
     covers_superblock: bool,
     result: Option<Result<(), blockdev::DeviceError>>,
 }
@@ -241,6 +245,8 @@ pub struct Writer<D: BlockDevice> {
     last_activity_ns: u64,
     fatal: Option<LogError>,
     shared: Arc<Shared>,
+    /// The device takes a write and a flush linked (`DeviceInfo::linked_flush`).
+    linked_flush: bool,
     /// Token acks answered, waiting for the owner (`drain_acks`).
     token_acks: Vec<TokenAck>,
     /// Payload bytes in `pending`.
@@ -283,6 +289,7 @@ impl<D: BlockDevice> Writer<D> {
         let ring_room = geo.log_size.saturating_sub(geo.window + 3 * geo.max_batch) / 2;
         let lag = cfg.recovery_lag.min(ring_room).max(geo.max_batch);
         let volatile_cache = dev.info().volatile_write_cache;
+        let dev_linked_flush = dev.info().linked_flush;
         if let Some(loss) = cfg.flush.loss_window(geo.window) {
             tracing::warn!(
                 loss_window_bytes = geo.window,
@@ -336,6 +343,7 @@ impl<D: BlockDevice> Writer<D> {
             shared,
             token_acks: Vec::new(),
             pending_bytes: 0,
+            linked_flush: dev_linked_flush,
         };
         w.publish_initial(resume.index);
         Ok(w)

@@ -81,10 +81,17 @@ impl<D: BlockDevice> Writer<D> {
                     return;
                 }
                 Some(Ok(())) => {
-                    let covers = f.covers;
+                    let (covers, linked) = (f.covers, f.linked);
                     let sb = f.covers_superblock;
                     self.flushes.pop_front();
                     self.durable = self.durable.max(covers);
+                    // A linked flush also covers its own batch, which starts where the prefix it
+                    // covers ends (the device delivered the write's completion before the flush's).
+                    if let Some((start, end)) = linked {
+                        if start <= self.durable && end <= self.written_through {
+                            self.durable = self.durable.max(end);
+                        }
+                    }
                     if sb {
                         self.superblock_durable();
                     }
@@ -190,6 +197,12 @@ impl<D: BlockDevice> Writer<D> {
         if !(sb_waiting || data_waiting) || self.flushes.len() >= self.cfg.max_flushes_in_flight {
             return false;
         }
+        // A linked flush reaches the device only when its write completes: a flush submitted
+        // before that would reach the device first, out of the order the writer settles them in
+        // (storage.md §6: a later flush may "succeed" over an earlier one's lost data). Wait.
+        if self.linked_unissued() {
+            return false;
+        }
         let urgent = sb_waiting
             || self.closing
             || self.window_full()
@@ -215,22 +228,49 @@ impl<D: BlockDevice> Writer<D> {
             });
             return true;
         }
-        if let Some(w) = &mut self.sb_write {
-            if w.state == SbState::Written {
+        self.flush_submitted(tag, None, now);
+        true
+    }
+
+    /// Whether the batch about to be written at `position` goes out with a linked flush: in the
+    /// default mode, on a device with a volatile cache that takes linked pairs, when every batch
+    /// below it is written (so that the flush covers a contiguous prefix) and a flush may start.
+    pub(super) fn link_flush(&self, position: u64) -> bool {
+        self.linked_flush
+            && self.volatile_cache
+            && self.cfg.flush == FlushMode::Always
+            && self.written_through == position
+            && self.flushes.len() < self.cfg.max_flushes_in_flight
+    }
+
+    /// A linked flush whose write has not completed yet (so the device has not issued it).
+    fn linked_unissued(&self) -> bool {
+        self.flushes
+            .iter()
+            .any(|f| f.linked.is_some_and(|(_, end)| self.written_through < end))
+    }
+
+    /// Books a flush just submitted: it covers everything written (delivered) so far, the
+    /// superblock write if that completed, and `linked` (the batch whose write it follows).
+    pub(super) fn flush_submitted(&mut self, tag: u64, linked: Option<(u64, u64)>, now: Now) {
+        let sb_waiting = match &mut self.sb_write {
+            Some(w) if w.state == SbState::Written => {
                 w.state = SbState::Flushing;
+                true
             }
-        }
+            _ => false,
+        };
         self.flushes.push_back(FlushSlot {
             tag,
             submitted_ns: now.mono_ns,
             covers: self.written_through,
+            linked,
             covers_superblock: sb_waiting,
             result: None,
         });
-        self.flush_requested = self.written_through;
+        self.flush_requested = linked.map_or(self.written_through, |(_, end)| end);
         self.last_flush_ns = now.mono_ns;
         self.shared.lock().stats.flushes += 1;
-        true
     }
 
     /// Counts a flush completion in the latency figure (metrics only; decides nothing).
