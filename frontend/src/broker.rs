@@ -1,19 +1,21 @@
-//! The broker's shared state: the log, the topic registry, and the bridges from the log's
-//! blocking calls and ack callbacks into tokio.
+//! The broker's shared state: its logs (one per device), the topic registry, and the bridges
+//! from the logs' blocking calls and ack callbacks into tokio.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use nvmq_log::{Appended, Log, LogError, Record};
+use nvmq_log::{Appended, Log, LogError};
 use tokio::sync::{oneshot, watch, Semaphore};
 
 use crate::groups::Groups;
 use crate::meta::{MetaRecord, META_TOPIC, OFFSETS_TOPIC};
 use crate::offsets::Offsets;
-use crate::producer_snapshots::{self, Assembler};
+use crate::part::{self, PartRef};
+use crate::producer_snapshots;
 use crate::producers::{self as producers_mod, Producers};
+use crate::startup;
 use crate::FrontendError;
 
 /// How the broker presents itself and what it allows.
@@ -75,10 +77,10 @@ pub fn valid_topic_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == b'.' || c == b'_' || c == b'-')
 }
 
-/// Topic name → log partition ids by partition index.
+/// Topic name → its partitions (device and log partition id) by partition index.
 #[derive(Debug, Default)]
 pub struct Topics {
-    pub map: BTreeMap<String, Vec<u32>>,
+    pub map: BTreeMap<String, Vec<PartRef>>,
     /// How often each name was deleted: the log name of its current incarnation.
     incarnation: HashMap<String, u32>,
 }
@@ -91,7 +93,7 @@ impl Topics {
         }
     }
 
-    pub fn partition(&self, topic: &str, index: i32) -> Option<u32> {
+    pub fn partition(&self, topic: &str, index: i32) -> Option<PartRef> {
         let idx = usize::try_from(index).ok()?;
         self.map.get(topic)?.get(idx).copied()
     }
@@ -111,7 +113,6 @@ pub struct Startup {
 }
 
 pub struct Broker {
-    pub(crate) log: Arc<Log>,
     pub(crate) cfg: Config,
     topics: Mutex<Topics>,
     create_lock: tokio::sync::Mutex<()>,
@@ -128,8 +129,11 @@ pub struct Broker {
     append_permits: Arc<Semaphore>,
     /// Blocking reads running at once (they also take a slot in the log's queue).
     read_permits: Arc<Semaphore>,
-    pub(crate) meta_partition: u32,
-    pub(crate) offsets_partition: u32,
+    /// `__nvmq_meta` and `__consumer_offsets` (device 0).
+    pub(crate) meta_partition: PartRef,
+    pub(crate) offsets_partition: PartRef,
+    /// Each device's `__nvmq_meta`: the snapshots of its partitions' producers.
+    metas: Vec<u32>,
     pub(crate) groups: Groups,
     pub(crate) offsets: Arc<Offsets>,
     pub(crate) producers: Arc<Producers>,
@@ -178,82 +182,20 @@ impl Broker {
                 "a broker needs at least one log".into(),
             ));
         };
-        let internal = |topic: &str| -> Result<u32, FrontendError> {
-            match log.partition_id(topic, 0) {
-                Some(id) => Ok(id),
-                None => log
-                    .create_partition(topic, 0)
-                    .map_err(|source| FrontendError::Log {
-                        op: "creating an internal partition",
-                        source,
-                    }),
-            }
-        };
-        let meta_partition = internal(META_TOPIC)?;
-        let offsets_partition = internal(OFFSETS_TOPIC)?;
-
-        let mut incarnation: HashMap<String, u32> = HashMap::new();
-        let mut next_pid = 0i64;
-        let mut generations: HashMap<String, i32> = HashMap::new();
-        let mut snapshots = Assembler::default();
-        scan_meta(&log, meta_partition, META_TOPIC, |rec| match rec {
-            MetaRecord::DeleteTopic {
-                name,
-                incarnation: k,
-            } => {
-                let e = incarnation.entry(name).or_default();
-                *e = (*e).max(k);
-            }
-            MetaRecord::ProducerId { id } => next_pid = next_pid.max(id + 1),
-            MetaRecord::Generation { group, generation } => {
-                let e = generations.entry(group).or_insert(generation);
-                *e = (*e).max(generation);
-            }
-            MetaRecord::Commits { .. } => {}
-            MetaRecord::ProducerState(part) => snapshots.add(part),
-        })?;
-        let offsets = Arc::new(Offsets::default());
-        scan_meta(&log, offsets_partition, OFFSETS_TOPIC, |rec| match rec {
-            MetaRecord::Commits { group, commits } => offsets.apply(&group, &commits),
-            other => tracing::warn!(?other, "unexpected record in {OFFSETS_TOPIC}"),
-        })?;
-
-        let mut topics = Topics {
-            map: BTreeMap::new(),
-            incarnation,
-        };
-        let mut found: BTreeMap<String, BTreeMap<u32, u32>> = BTreeMap::new();
-        for (id, log_topic, index, _, _) in log.partitions() {
-            let (name, inc) = match log_topic.rsplit_once('#') {
-                Some((n, k)) => match k.parse::<u32>() {
-                    Ok(k) => (n.to_string(), k),
-                    Err(_) => continue,
-                },
-                None => (log_topic.clone(), 0),
-            };
-            if !valid_topic_name(&name)
-                || topics.incarnation.get(&name).copied().unwrap_or(0) != inc
-            {
-                continue;
-            }
-            found.entry(name).or_default().insert(index, id);
+        if logs.len() > usize::from(u16::MAX) {
+            return Err(FrontendError::Config(format!(
+                "{} devices: at most {} are supported",
+                logs.len(),
+                u16::MAX
+            )));
         }
-        for (name, parts) in found {
-            // A create cut short by a crash leaves a prefix of partitions: the topic has those.
-            let ids: Vec<u32> = parts
-                .iter()
-                .enumerate()
-                .take_while(|(i, (idx, _))| *i as u32 == **idx)
-                .map(|(_, (_, id))| *id)
-                .collect();
-            if !ids.is_empty() {
-                topics.map.insert(name, ids);
-            }
-        }
-
+        let internal = startup::internal_partitions(&logs)?;
         let producers = Arc::new(Producers::new(cfg.producer_id_expiration));
-        let startup = rebuild_producers(&log, &topics, snapshots, &producers)?;
-
+        let replayed = startup::replay(&logs, &internal, &producers)?;
+        let topics = Topics {
+            map: replayed.topics,
+            incarnation: replayed.incarnation,
+        };
         let (tx, _) = watch::channel(0u64);
         let stop = Arc::new(AtomicBool::new(false));
         if watch_thread {
@@ -262,7 +204,7 @@ impl Broker {
             let tx = tx.clone();
             let spawned = std::thread::Builder::new()
                 .name("nvmq-durable-watch".into())
-                .spawn(move || durable_watch(&shared, &tx, &stop));
+                .spawn(move || startup::durable_watch(&shared, &tx, &stop));
             if let Err(e) = spawned {
                 return Err(FrontendError::Thread(e.to_string()));
             }
@@ -270,7 +212,6 @@ impl Broker {
         let permits = queue_capacity.max(4);
         let append_capacity = u32::try_from(permits * 3 / 4).unwrap_or(u32::MAX);
         Ok(Arc::new(Broker {
-            log,
             cfg,
             topics: Mutex::new(topics),
             create_lock: tokio::sync::Mutex::new(()),
@@ -279,14 +220,15 @@ impl Broker {
             logs,
             append_permits: Arc::new(Semaphore::new(append_capacity as usize)),
             read_permits: Arc::new(Semaphore::new((permits / 8).max(1))),
-            meta_partition,
-            offsets_partition,
-            groups: Groups::new(generations),
-            offsets,
+            meta_partition: PartRef::new(0, internal.metas[0]),
+            offsets_partition: PartRef::new(0, internal.offsets),
+            metas: internal.metas,
+            groups: Groups::new(replayed.generations),
+            offsets: replayed.offsets,
             producers,
-            startup,
+            startup: replayed.startup,
             append_capacity,
-            next_producer_id: Mutex::new(next_pid),
+            next_producer_id: Mutex::new(replayed.next_producer_id),
             stop,
         }))
     }
@@ -295,13 +237,20 @@ impl Broker {
         lock(&self.topics)
     }
 
+    /// Device 0's log: the one holding the broker's own state.
     pub fn log(&self) -> &Arc<Log> {
-        &self.log
+        &self.logs[0]
     }
 
-    /// The log partition of `__nvmq_meta`.
+    /// The log of the device holding `p` (device 0's for a device this broker does not have,
+    /// which no partition it hands out names).
+    pub fn log_of(&self, p: PartRef) -> &Arc<Log> {
+        self.logs.get(p.device()).unwrap_or(&self.logs[0])
+    }
+
+    /// The log partition of `__nvmq_meta` on device 0.
     pub fn meta_partition(&self) -> u32 {
-        self.meta_partition
+        self.meta_partition.id
     }
 
     /// How start-up rebuilt the idempotent producers' state.
@@ -330,7 +279,7 @@ impl Broker {
     /// (or failed). Waits (asynchronously) only while too many appends are in flight.
     pub async fn append(
         &self,
-        partition: u32,
+        partition: PartRef,
         payload: Vec<u8>,
         span: u32,
     ) -> Result<oneshot::Receiver<Result<Appended, LogError>>, LogError> {
@@ -341,7 +290,7 @@ impl Broker {
     /// receiver resolves (for state that must change in the order the log holds it).
     pub async fn append_with(
         &self,
-        partition: u32,
+        partition: PartRef,
         payload: Vec<u8>,
         span: u32,
         on_durable: impl FnOnce(&Result<Appended, LogError>) + Send + 'static,
@@ -353,8 +302,8 @@ impl Broker {
             .await
             .map_err(|_| LogError::Shutdown)?;
         let (tx, rx) = oneshot::channel();
-        self.log.append_span(
-            partition,
+        self.log_of(partition).append_span(
+            partition.id,
             payload,
             span,
             Box::new(move |r| {
@@ -369,16 +318,17 @@ impl Broker {
     /// Appends one internal record and waits until it is durable.
     pub async fn append_meta(
         &self,
-        partition: u32,
+        partition: PartRef,
         rec: &MetaRecord,
     ) -> Result<Appended, LogError> {
         let rx = self.append(partition, rec.encode(), 1).await?;
         rx.await.map_err(|_| LogError::Shutdown)?
     }
 
-    /// Runs a blocking log call off the runtime's threads.
+    /// Runs a blocking call on device `dev`'s log off the runtime's threads.
     pub async fn blocking<R: Send + 'static>(
         &self,
+        dev: u16,
         f: impl FnOnce(&Log) -> R + Send + 'static,
     ) -> Result<R, LogError> {
         let _permit = self
@@ -386,7 +336,7 @@ impl Broker {
             .acquire()
             .await
             .map_err(|_| LogError::Shutdown)?;
-        let log = self.log.clone();
+        let log = self.log_of(PartRef::new(dev, 0)).clone();
         tokio::task::spawn_blocking(move || f(&log))
             .await
             .map_err(|_| LogError::Shutdown)
@@ -457,25 +407,34 @@ impl Broker {
     }
 
     /// The log partitions (log_name, index) for the indexes given, created durably where they
-    /// do not exist yet (a create cut short by a crash may have left some).
+    /// do not exist yet (a create cut short by a crash may have left some, on any device);
+    /// a new one goes to the device `part::place` picks.
     async fn create_partitions(
         &self,
         log_name: &str,
         indexes: std::ops::Range<u32>,
-    ) -> Result<Vec<u32>, LogError> {
-        let mut ids = Vec::with_capacity(indexes.len());
+    ) -> Result<Vec<PartRef>, LogError> {
+        let mut refs = Vec::with_capacity(indexes.len());
         for index in indexes {
-            let id = match self.log.partition_id(log_name, index) {
-                Some(id) => id,
+            let existing = self.logs.iter().enumerate().find_map(|(d, l)| {
+                let d = u16::try_from(d).ok()?;
+                l.partition_id(log_name, index)
+                    .map(|id| PartRef::new(d, id))
+            });
+            let p = match existing {
+                Some(p) => p,
                 None => {
+                    let dev = part::place(log_name, index, self.logs.len());
                     let n = log_name.to_string();
-                    self.blocking(move |log| log.create_partition(&n, index))
-                        .await??
+                    let id = self
+                        .blocking(dev, move |log| log.create_partition(&n, index))
+                        .await??;
+                    PartRef::new(dev, id)
                 }
             };
-            ids.push(id);
+            refs.push(p);
         }
-        Ok(ids)
+        Ok(refs)
     }
 
     /// Deletes a topic: a durable tombstone in `__nvmq_meta`, then the topic is gone from the
@@ -518,7 +477,16 @@ impl Broker {
     /// of those whose acknowledged end moved since their last one) and waits until it is
     /// durable. Returns how many partitions were snapshotted.
     pub async fn snapshot_producers(&self, changed_only: bool) -> Result<usize, LogError> {
-        let waits = self.queue_producer_snapshots(changed_only).await?;
+        self.snapshot_producers_of(None, changed_only).await
+    }
+
+    /// `snapshot_producers` for the partitions of one device (None: of every device).
+    pub async fn snapshot_producers_of(
+        &self,
+        dev: Option<u16>,
+        changed_only: bool,
+    ) -> Result<usize, LogError> {
+        let waits = self.queue_producer_snapshots(dev, changed_only).await?;
         let n = waits.0;
         for w in waits.1 {
             w.await.map_err(|_| LogError::Shutdown)??;
@@ -529,20 +497,31 @@ impl Broker {
     /// Queues the records of `snapshot_producers`; (partitions, their appends).
     async fn queue_producer_snapshots(
         &self,
+        dev: Option<u16>,
         changed_only: bool,
     ) -> Result<(usize, Vec<AppendWait>), LogError> {
         let _in_order = self.snapshot_lock.lock().await;
-        let ids: Vec<u32> = self.topics().map.values().flatten().copied().collect();
+        let parts: Vec<PartRef> = self
+            .topics()
+            .map
+            .values()
+            .flatten()
+            .copied()
+            .filter(|p| dev.is_none_or(|d| p.dev == d))
+            .collect();
         let now = producers_mod::now_ms();
         let mut waits = Vec::new();
         let mut n = 0;
-        for id in ids {
-            let Some(snap) = self.producers.snapshot(id, now, changed_only) else {
+        for p in parts {
+            let Some(snap) = self.producers.snapshot(p, now, changed_only) else {
                 continue;
             };
             n += 1;
-            for r in producer_snapshots::records(id, snap, self.log.max_payload()) {
-                waits.push(self.append(self.meta_partition, r.encode(), 1).await?);
+            // On the partition's own device, beside the records it summarises.
+            let meta = PartRef::new(p.dev, self.metas.get(p.device()).copied().unwrap_or(0));
+            let max = self.log_of(p).max_payload();
+            for r in producer_snapshots::records(p.id, snap, max) {
+                waits.push(self.append(meta, r.encode(), 1).await?);
             }
         }
         Ok((n, waits))
@@ -578,7 +557,7 @@ impl Broker {
             waits.push(self.append(self.meta_partition, r.encode(), 1).await?);
         }
         // A group's commits go in records that fit the log's largest payload.
-        let per_record = (self.log.max_payload() / 600).max(1);
+        let per_record = (self.log().max_payload() / 600).max(1);
         for group in self.offsets.groups() {
             for chunk in self.offsets.all(&group).chunks(per_record) {
                 let commits = chunk
@@ -598,7 +577,7 @@ impl Broker {
                 waits.push(self.append(self.offsets_partition, rec.encode(), 1).await?);
             }
         }
-        waits.extend(self.queue_producer_snapshots(false).await?.1);
+        waits.extend(self.queue_producer_snapshots(None, false).await?.1);
         for w in waits {
             w.await.map_err(|_| LogError::Shutdown)??;
         }
@@ -606,9 +585,9 @@ impl Broker {
     }
 
     /// (start offset, durable end) of a partition.
-    pub fn bounds(&self, partition: u32) -> Option<(u64, u64)> {
+    pub fn bounds(&self, p: PartRef) -> Option<(u64, u64)> {
         // Straight from the shared state: `Log::partition` copies the partition's whole index.
-        log_bounds(&self.log, partition)
+        startup::log_bounds(self.log_of(p), p.id)
     }
 }
 
@@ -619,158 +598,3 @@ impl Drop for Broker {
 }
 
 type AppendWait = oneshot::Receiver<Result<Appended, LogError>>;
-
-/// (first retained offset, durable end) of a log partition.
-fn log_bounds(log: &Log, partition: u32) -> Option<(u64, u64)> {
-    log.shared()
-        .lock()
-        .partitions
-        .get(&partition)
-        .map(|v| (v.start_offset, v.durable_end))
-}
-
-/// Start-up: the idempotent producers' state of every data partition, from its newest usable
-/// snapshot and the records after it (see `producer_snapshots` for why that is sound).
-fn rebuild_producers(
-    log: &Log,
-    topics: &Topics,
-    snapshots: Assembler,
-    producers: &Producers,
-) -> Result<Startup, FrontendError> {
-    let mut snapshots = snapshots.finish();
-    let now = producers_mod::now_ms();
-    let mut st = Startup::default();
-    for (id, _, _, _, end) in log.partitions() {
-        producers.set_end(id, end);
-    }
-    for &id in topics.map.values().flatten() {
-        let Some((start, end)) = log_bounds(log, id) else {
-            continue;
-        };
-        let from = match snapshots.remove(&id) {
-            Some(s) if start <= s.through && s.through <= end => {
-                st.producers_expired += producers.restore(id, s.producers, now);
-                st.partitions_from_snapshot += 1;
-                s.through
-            }
-            Some(s) => {
-                if s.through > end {
-                    tracing::warn!(
-                        partition = id,
-                        through = s.through,
-                        end,
-                        "producer snapshot lies past the partition's end; replaying it in full"
-                    );
-                }
-                st.partitions_replayed_in_full += 1;
-                start
-            }
-            None => {
-                st.partitions_replayed_in_full += 1;
-                start
-            }
-        };
-        scan_from(log, id, from, |r| {
-            st.records_replayed += 1;
-            if let Ok(info) = crate::batch::header(&r.payload) {
-                producers.replay(id, &info, r.offset, now);
-            }
-            Ok(())
-        })?;
-    }
-    Ok(st)
-}
-
-/// Reads every durable record of a partition, in order (startup replay).
-fn scan(
-    log: &Log,
-    partition: u32,
-    f: impl FnMut(&Record) -> Result<(), FrontendError>,
-) -> Result<(), FrontendError> {
-    match log_bounds(log, partition) {
-        Some((start, _)) => scan_from(log, partition, start, f),
-        None => Ok(()),
-    }
-}
-
-/// Reads the durable records of a partition from `from` on, in order.
-fn scan_from(
-    log: &Log,
-    partition: u32,
-    from: u64,
-    mut f: impl FnMut(&Record) -> Result<(), FrontendError>,
-) -> Result<(), FrontendError> {
-    let Some((_, end)) = log_bounds(log, partition) else {
-        return Ok(());
-    };
-    let mut next = from;
-    while next < end {
-        let recs = match log.read(partition, next, 4 << 20) {
-            Ok(r) => r,
-            // Retention freed the head meanwhile: go on from what is retained now.
-            Err(LogError::OffsetOutOfRange { start, .. }) if start > next => {
-                next = start;
-                continue;
-            }
-            Err(source) => {
-                return Err(FrontendError::Log {
-                    op: "replaying a partition",
-                    source,
-                })
-            }
-        };
-        if recs.is_empty() {
-            break;
-        }
-        for r in &recs {
-            f(r)?;
-            next = r.offset + u64::from(r.span);
-        }
-    }
-    Ok(())
-}
-
-/// Replays one internal partition's records.
-fn scan_meta(
-    log: &Log,
-    partition: u32,
-    topic: &'static str,
-    mut f: impl FnMut(MetaRecord),
-) -> Result<(), FrontendError> {
-    scan(log, partition, |r| {
-        let rec = MetaRecord::decode(&r.payload).map_err(|what| FrontendError::Meta {
-            topic,
-            offset: r.offset,
-            what,
-        })?;
-        f(rec);
-        Ok(())
-    })
-}
-
-/// Bridges the log's condition variable to a tokio watch: long-polling fetches wait on it.
-fn durable_watch(shared: &nvmq_log::Shared, tx: &watch::Sender<u64>, stop: &AtomicBool) {
-    let mut seen = {
-        let s = shared.lock();
-        (s.durable, s.partitions.len())
-    };
-    let mut tick = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        let s = shared.wait_until(Duration::from_millis(100), |s| {
-            (s.durable, s.partitions.len()) != seen
-        });
-        let now = (s.durable, s.partitions.len());
-        let done = s.stopped || s.fatal.is_some();
-        drop(s);
-        if now != seen {
-            seen = now;
-            tick += 1;
-            tx.send_replace(tick);
-        }
-        if done {
-            // Wake every waiter one last time; they will find the log stopped.
-            tx.send_replace(tick + 1);
-            return;
-        }
-    }
-}

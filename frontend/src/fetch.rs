@@ -18,6 +18,7 @@ use crate::batch;
 use crate::broker::Broker;
 use crate::codes;
 use crate::conn::{Ctx, Outcome, Reply};
+use crate::part::PartRef;
 use crate::produce::log_error_code;
 
 /// Longest a fetch may be held, whatever the client asks.
@@ -38,7 +39,7 @@ pub fn fetch(b: &Arc<Broker>, ctx: &Ctx, req: FetchRequest) -> Reply {
                 None => {
                     // Older than the tail cache: read the device off the loop's thread.
                     let (b2, c2, r2) = (b.clone(), ctx.clone(), req.clone());
-                    let read = b.blocking(move |_| {
+                    let read = b.blocking(0, move |_| {
                         read_once(&b2, &c2, &r2, &mut |b, id, o, m| {
                             Some(read_partition(b, id, o, m))
                         })
@@ -78,7 +79,7 @@ pub fn try_now(b: &Broker, ctx: &Ctx, req: &FetchRequest) -> Option<Outcome> {
 
 /// Reads a partition's records for a fetch; None when it would block.
 type PartitionRead<'a> =
-    dyn FnMut(&Broker, u32, u64, usize) -> Option<Result<Bytes, LogError>> + 'a;
+    dyn FnMut(&Broker, PartRef, u64, usize) -> Option<Result<Bytes, LogError>> + 'a;
 
 /// One pass over the requested partitions: (response, bytes of records, whether any partition
 /// answered with an error); None if `read` could not read a partition without blocking.
@@ -148,16 +149,16 @@ fn read_once(
 }
 
 /// A partition's records from the tail cache only (None: not all there).
-fn cached(b: &Broker, id: u32, offset: u64, max: usize) -> Option<Result<Bytes, LogError>> {
-    let log = b.log();
-    let recs = nvmq_log::read_cached(log.shared(), &log.geometry(), id, offset, max)?;
+fn cached(b: &Broker, p: PartRef, offset: u64, max: usize) -> Option<Result<Bytes, LogError>> {
+    let log = b.log_of(p);
+    let recs = nvmq_log::read_cached(log.shared(), &log.geometry(), p.id, offset, max)?;
     Some(recs.map(|r| concat(r, max)))
 }
 
 /// Whole stored batches from the one holding `offset`, each with the offset the log gave it
 /// written into its baseOffset; the first always, the rest while they fit `max`. Blocking.
-fn read_partition(b: &Broker, id: u32, offset: u64, max: usize) -> Result<Bytes, LogError> {
-    Ok(concat(b.log().read(id, offset, max)?, max))
+fn read_partition(b: &Broker, p: PartRef, offset: u64, max: usize) -> Result<Bytes, LogError> {
+    Ok(concat(b.log_of(p).read(p.id, offset, max)?, max))
 }
 
 fn concat(records: Vec<nvmq_log::Record>, max: usize) -> Bytes {
@@ -217,12 +218,13 @@ pub fn list_offsets(b: &Arc<Broker>, ctx: &Ctx, req: ListOffsetsRequest) -> Repl
 /// A linear scan of the partition: nvmq keeps no time index.
 async fn by_time(
     b: &Broker,
-    id: u32,
+    p: PartRef,
     start: u64,
     end: u64,
     ts: i64,
 ) -> Result<Option<(i64, i64)>, LogError> {
-    b.blocking(move |log| {
+    let id = p.id;
+    b.blocking(p.dev, move |log: &nvmq_log::Log| {
         let mut next = start;
         let mut best: Option<(i64, i64)> = None;
         while next < end {

@@ -13,15 +13,18 @@ pub mod group_api;
 pub mod groups;
 pub mod meta;
 pub mod offsets;
+pub mod part;
 pub mod produce;
 pub mod producer_snapshots;
 pub mod producers;
 pub mod reactor;
 pub mod server;
 pub mod shape;
+mod startup;
 pub mod versions;
 
 pub use broker::{Broker, Config, Startup};
+pub use part::PartRef;
 pub use reactor::{Server, ServerOptions};
 
 use nvmq_log::LogError;

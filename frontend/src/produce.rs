@@ -14,6 +14,7 @@ use crate::batch;
 use crate::broker::Broker;
 use crate::codes;
 use crate::conn::{Ctx, Outcome, Reply};
+use crate::part::PartRef;
 use crate::producers::{BatchKey, Landing, Verdict};
 
 enum Wait {
@@ -25,7 +26,7 @@ enum Wait {
 
 struct PartWait {
     index: i32,
-    partition: Option<u32>,
+    partition: Option<PartRef>,
     error: Option<(i16, String)>,
     waits: Vec<Wait>,
 }
@@ -122,7 +123,7 @@ pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
 /// Checks and queues the partition's batches in order; None when all are queued.
 async fn start_partition(
     b: &Broker,
-    pid: u32,
+    pid: PartRef,
     records: &[u8],
     waits: &mut Vec<Wait>,
 ) -> Option<(i16, String)> {
@@ -135,7 +136,7 @@ async fn start_partition(
         waits.extend(batches.iter().map(|_| Wait::Ceiling));
         return None;
     }
-    let max = b.log().max_payload();
+    let max = b.log_of(pid).max_payload();
     if let Some((info, _)) = batches.iter().find(|(_, bytes)| bytes.len() > max) {
         return Some((
             codes::MESSAGE_TOO_LARGE,

@@ -17,6 +17,7 @@ use crate::batch::BatchInfo;
 use crate::broker::lock;
 use crate::codes;
 use crate::meta::{ProducerSnap, StoredBatch, MAX_SNAP_BATCHES};
+use crate::part::PartRef;
 
 /// Batches remembered per producer and partition (Kafka keeps 5, as many as a producer may have
 /// in flight).
@@ -126,7 +127,7 @@ pub enum Verdict {
 }
 
 pub struct Producers {
-    parts: Mutex<HashMap<u32, Part>>,
+    parts: Mutex<HashMap<PartRef, Part>>,
     expiration_ms: i64,
 }
 
@@ -187,7 +188,7 @@ impl Producers {
     }
 
     /// Startup: the partition's records end at `end` (everything below it is durable).
-    pub fn set_end(&self, partition: u32, end: u64) {
+    pub fn set_end(&self, partition: PartRef, end: u64) {
         let mut m = lock(&self.parts);
         let part = m.entry(partition).or_default();
         part.acked_end = part.acked_end.max(end);
@@ -195,7 +196,7 @@ impl Producers {
 
     /// Startup: the partition's state from a snapshot (its producers not expired at `now_ms`).
     /// Returns how many producers were expired and left out.
-    pub fn restore(&self, partition: u32, producers: Vec<ProducerSnap>, now_ms: i64) -> usize {
+    pub fn restore(&self, partition: PartRef, producers: Vec<ProducerSnap>, now_ms: i64) -> usize {
         let mut m = lock(&self.parts);
         let part = m.entry(partition).or_default();
         let mut expired = 0;
@@ -222,7 +223,7 @@ impl Producers {
 
     /// Startup: a batch found in the log (seen at `now_ms`, the time of the start: the log does
     /// not say when it was appended, and a producer's own timestamps may be anything).
-    pub fn replay(&self, partition: u32, info: &BatchInfo, offset: u64, now_ms: i64) {
+    pub fn replay(&self, partition: PartRef, info: &BatchInfo, offset: u64, now_ms: i64) {
         let Some(key) = BatchKey::of(info) else {
             return;
         };
@@ -243,12 +244,12 @@ impl Producers {
 
     /// Decides on a produced batch. Called in request order; the batch is remembered at once (in
     /// flight) so that a retry arriving before it is durable finds it.
-    pub fn check(&self, partition: u32, info: &BatchInfo) -> Verdict {
+    pub fn check(&self, partition: PartRef, info: &BatchInfo) -> Verdict {
         self.check_at(partition, info, now_ms())
     }
 
     /// `check` at a given wall-clock time.
-    pub fn check_at(&self, partition: u32, info: &BatchInfo, now_ms: i64) -> Verdict {
+    pub fn check_at(&self, partition: PartRef, info: &BatchInfo, now_ms: i64) -> Verdict {
         if info.producer_id < 0 {
             return Verdict::Store(None);
         }
@@ -343,7 +344,7 @@ impl Producers {
     /// log runs them in log order). `landing` hears where an idempotent batch landed.
     pub fn acknowledged(
         &self,
-        partition: u32,
+        partition: PartRef,
         key: Option<BatchKey>,
         landing: Option<LandingTx>,
         result: Result<(u64, u32), ()>,
@@ -370,7 +371,7 @@ impl Producers {
     /// not moved since the last snapshot.
     pub fn snapshot(
         &self,
-        partition: u32,
+        partition: PartRef,
         now_ms: i64,
         changed_only: bool,
     ) -> Option<PartitionSnap> {
@@ -416,7 +417,7 @@ impl Producers {
     }
 
     /// Producers with state in the partition.
-    pub fn count(&self, partition: u32) -> usize {
+    pub fn count(&self, partition: PartRef) -> usize {
         lock(&self.parts)
             .get(&partition)
             .map_or(0, |p| p.producers.len())
@@ -439,13 +440,16 @@ mod tests {
     use super::*;
     use crate::batch;
 
+    const P0: PartRef = PartRef { dev: 0, id: 0 };
+    const P1: PartRef = PartRef { dev: 0, id: 1 };
+
     fn info(pid: i64, epoch: i16, seq: i32, n: i32) -> BatchInfo {
         batch::check(&batch::tests::make_batch(n, pid, epoch, seq, 1)).unwrap()
     }
 
     /// Checks a batch that must be taken and keeps its sender, as the produce path does until
     /// the append is acknowledged (a dropped sender means the append was never queued).
-    fn take(p: &Producers, part: u32, i: &BatchInfo, held: &mut Vec<LandingTx>) {
+    fn take(p: &Producers, part: PartRef, i: &BatchInfo, held: &mut Vec<LandingTx>) {
         match p.check(part, i) {
             Verdict::Store(Some(tx)) => held.push(tx),
             _ => panic!("batch {i:?} not taken"),
@@ -455,25 +459,25 @@ mod tests {
     #[test]
     fn a_batch_whose_append_was_never_queued_is_stored_on_retry() {
         let p = Producers::default();
-        let Verdict::Store(Some(first)) = p.check(0, &info(4, 0, 0, 2)) else {
+        let Verdict::Store(Some(first)) = p.check(P0, &info(4, 0, 0, 2)) else {
             panic!("first batch refused")
         };
         first.send(Some(Ok(0))).unwrap();
-        let Verdict::Store(Some(second)) = p.check(0, &info(4, 0, 2, 2)) else {
+        let Verdict::Store(Some(second)) = p.check(P0, &info(4, 0, 2, 2)) else {
             panic!("second batch refused")
         };
         // The request is dropped before its append is queued: the sender goes, unanswered.
         drop(second);
-        let Verdict::Store(Some(_retry)) = p.check(0, &info(4, 0, 2, 2)) else {
+        let Verdict::Store(Some(_retry)) = p.check(P0, &info(4, 0, 2, 2)) else {
             panic!("the retry of a batch never stored was not stored")
         };
         // A batch still in flight stays a duplicate; the stored one too.
         assert!(matches!(
-            p.check(0, &info(4, 0, 2, 2)),
+            p.check(P0, &info(4, 0, 2, 2)),
             Verdict::Duplicate(_)
         ));
         assert!(matches!(
-            p.check(0, &info(4, 0, 0, 2)),
+            p.check(P0, &info(4, 0, 0, 2)),
             Verdict::Duplicate(_)
         ));
     }
@@ -483,40 +487,40 @@ mod tests {
         let p = Producers::default();
         let mut held = Vec::new();
         assert!(matches!(
-            p.check(0, &info(-1, -1, -1, 1)),
+            p.check(P0, &info(-1, -1, -1, 1)),
             Verdict::Store(None)
         ));
-        let Verdict::Store(Some(tx)) = p.check(0, &info(1, 0, 0, 3)) else {
+        let Verdict::Store(Some(tx)) = p.check(P0, &info(1, 0, 0, 3)) else {
             panic!("first batch refused")
         };
         tx.send(Some(Ok(10))).unwrap();
         // The retry of the same batch is a duplicate that lands where the first did.
-        let Verdict::Duplicate(l) = p.check(0, &info(1, 0, 0, 3)) else {
+        let Verdict::Duplicate(l) = p.check(P0, &info(1, 0, 0, 3)) else {
             panic!("retry not seen as a duplicate")
         };
         assert_eq!(*l.borrow(), Some(Ok(10)));
-        take(&p, 0, &info(1, 0, 3, 1), &mut held);
+        take(&p, P0, &info(1, 0, 3, 1), &mut held);
         // A gap is out of order; the other partition is independent.
         assert!(matches!(
-            p.check(0, &info(1, 0, 9, 1)),
+            p.check(P0, &info(1, 0, 9, 1)),
             Verdict::Refuse(codes::OUT_OF_ORDER_SEQUENCE_NUMBER, _)
         ));
-        take(&p, 1, &info(1, 0, 0, 1), &mut held);
+        take(&p, P1, &info(1, 0, 0, 1), &mut held);
         for s in 4..10 {
-            take(&p, 0, &info(1, 0, s, 1), &mut held);
+            take(&p, P0, &info(1, 0, s, 1), &mut held);
         }
         assert!(matches!(
-            p.check(0, &info(1, 0, 0, 3)),
+            p.check(P0, &info(1, 0, 0, 3)),
             Verdict::Refuse(codes::DUPLICATE_SEQUENCE_NUMBER, _)
         ));
         // A fenced (older) epoch is refused; a newer one restarts at 0.
         assert!(matches!(
-            p.check(0, &info(1, 1, 5, 1)),
+            p.check(P0, &info(1, 1, 5, 1)),
             Verdict::Refuse(codes::OUT_OF_ORDER_SEQUENCE_NUMBER, _)
         ));
-        take(&p, 0, &info(1, 1, 0, 1), &mut held);
+        take(&p, P0, &info(1, 1, 0, 1), &mut held);
         assert!(matches!(
-            p.check(0, &info(1, 0, 10, 1)),
+            p.check(P0, &info(1, 0, 10, 1)),
             Verdict::Refuse(codes::INVALID_PRODUCER_EPOCH, _)
         ));
     }
@@ -525,6 +529,9 @@ mod tests {
 #[cfg(test)]
 mod snapshot_tests {
     use super::*;
+
+    const P0: PartRef = PartRef { dev: 0, id: 0 };
+    const P1: PartRef = PartRef { dev: 0, id: 1 };
     use crate::batch;
 
     fn info(pid: i64, epoch: i16, seq: i32, n: i32) -> BatchInfo {
@@ -532,7 +539,7 @@ mod snapshot_tests {
     }
 
     /// Checks and acknowledges a batch at `offset`, as the produce path does.
-    fn store(p: &Producers, part: u32, i: &BatchInfo, offset: u64, now: i64) {
+    fn store(p: &Producers, part: PartRef, i: &BatchInfo, offset: u64, now: i64) {
         let Verdict::Store(tx) = p.check_at(part, i, now) else {
             panic!("batch {i:?} not taken")
         };
@@ -552,36 +559,39 @@ mod snapshot_tests {
         let now = 1_000;
         // Producer 1: seven batches of 2 (the newest five are remembered); producer 2: one.
         for k in 0..7 {
-            store(&p, 0, &info(1, 0, 2 * k, 2), 10 * k as u64, now);
+            store(&p, P0, &info(1, 0, 2 * k, 2), 10 * k as u64, now);
         }
-        store(&p, 0, &info(2, 3, 0, 1), 70, now);
+        store(&p, P0, &info(2, 3, 0, 1), 70, now);
         // A batch without a producer id moves `through` too.
-        p.acknowledged(0, None, None, Ok((71, 4)));
-        let snap = p.snapshot(0, now, false).unwrap();
+        p.acknowledged(P0, None, None, Ok((71, 4)));
+        let snap = p.snapshot(P0, now, false).unwrap();
         assert_eq!(snap.through, 75);
         assert_eq!(snap.producers.len(), 2);
         assert_eq!(snap.producers[0].batches.len(), REMEMBERED);
         assert_eq!(snap.producers[0].batches[0].offset, 20);
         // Unchanged since: nothing new to record.
-        assert!(p.snapshot(0, now, true).is_none());
+        assert!(p.snapshot(P0, now, true).is_none());
 
         let q = Producers::default();
-        assert_eq!(q.restore(0, snap.producers.clone(), now), 0);
-        q.set_end(0, snap.through);
-        assert_eq!(q.snapshot(0, now, false).unwrap(), snap);
+        assert_eq!(q.restore(P0, snap.producers.clone(), now), 0);
+        q.set_end(P0, snap.through);
+        assert_eq!(q.snapshot(P0, now, false).unwrap(), snap);
         // Retries are answered with the original offsets; the next sequence is taken.
-        assert_eq!(landed(q.check_at(0, &info(1, 0, 12, 2), now)), Some(Ok(60)));
-        assert_eq!(landed(q.check_at(0, &info(2, 3, 0, 1), now)), Some(Ok(70)));
+        assert_eq!(
+            landed(q.check_at(P0, &info(1, 0, 12, 2), now)),
+            Some(Ok(60))
+        );
+        assert_eq!(landed(q.check_at(P0, &info(2, 3, 0, 1), now)), Some(Ok(70)));
         assert!(matches!(
-            q.check_at(0, &info(1, 0, 0, 2), now),
+            q.check_at(P0, &info(1, 0, 0, 2), now),
             Verdict::Refuse(codes::DUPLICATE_SEQUENCE_NUMBER, _)
         ));
         assert!(matches!(
-            q.check_at(0, &info(1, 0, 20, 1), now),
+            q.check_at(P0, &info(1, 0, 20, 1), now),
             Verdict::Refuse(codes::OUT_OF_ORDER_SEQUENCE_NUMBER, _)
         ));
         assert!(matches!(
-            q.check_at(0, &info(1, 0, 14, 1), now),
+            q.check_at(P0, &info(1, 0, 14, 1), now),
             Verdict::Store(Some(_))
         ));
     }
@@ -590,31 +600,31 @@ mod snapshot_tests {
     fn batches_in_flight_stay_out_of_the_snapshot_and_below_nothing_is_missing() {
         let p = Producers::default();
         let now = 1_000;
-        store(&p, 0, &info(1, 0, 0, 1), 0, now);
-        store(&p, 0, &info(1, 0, 1, 1), 1, now);
+        store(&p, P0, &info(1, 0, 0, 1), 0, now);
+        store(&p, P0, &info(1, 0, 1, 1), 1, now);
         // Checked, not yet acknowledged: offset unknown.
-        let Verdict::Store(tx) = p.check_at(0, &info(1, 0, 2, 1), now) else {
+        let Verdict::Store(tx) = p.check_at(P0, &info(1, 0, 2, 1), now) else {
             panic!()
         };
         // A new epoch's first batch in flight on another partition clears the live view there;
         // the acknowledged view still holds the old epoch's batches.
-        store(&p, 1, &info(1, 0, 0, 1), 0, now);
-        let Verdict::Store(tx1) = p.check_at(1, &info(1, 1, 0, 1), now) else {
+        store(&p, P1, &info(1, 0, 0, 1), 0, now);
+        let Verdict::Store(tx1) = p.check_at(P1, &info(1, 1, 0, 1), now) else {
             panic!()
         };
-        let s0 = p.snapshot(0, now, false).unwrap();
+        let s0 = p.snapshot(P0, now, false).unwrap();
         assert_eq!(s0.through, 2);
         assert_eq!(s0.producers[0].batches.len(), 2);
-        let s1 = p.snapshot(1, now, false).unwrap();
+        let s1 = p.snapshot(P1, now, false).unwrap();
         assert_eq!((s1.through, s1.producers[0].epoch), (1, 0));
         assert_eq!(s1.producers[0].batches.len(), 1);
 
         // Once acknowledged, the batches are in and `through` passes them.
-        p.acknowledged(0, BatchKey::of(&info(1, 0, 2, 1)), tx, Ok((2, 1)));
-        p.acknowledged(1, BatchKey::of(&info(1, 1, 0, 1)), tx1, Ok((1, 1)));
-        let s0 = p.snapshot(0, now, true).unwrap();
+        p.acknowledged(P0, BatchKey::of(&info(1, 0, 2, 1)), tx, Ok((2, 1)));
+        p.acknowledged(P1, BatchKey::of(&info(1, 1, 0, 1)), tx1, Ok((1, 1)));
+        let s0 = p.snapshot(P0, now, true).unwrap();
         assert_eq!((s0.through, s0.producers[0].batches.len()), (3, 3));
-        let s1 = p.snapshot(1, now, true).unwrap();
+        let s1 = p.snapshot(P1, now, true).unwrap();
         assert_eq!((s1.through, s1.producers[0].epoch), (2, 1));
         assert_eq!(s1.producers[0].batches.len(), 1);
     }
@@ -622,42 +632,42 @@ mod snapshot_tests {
     #[test]
     fn an_idle_producer_expires_and_comes_back_as_a_new_one() {
         let p = Producers::new(Duration::from_secs(60));
-        store(&p, 0, &info(1, 0, 0, 1), 0, 1_000);
-        store(&p, 0, &info(2, 0, 0, 1), 1, 1_000);
-        store(&p, 0, &info(2, 0, 1, 1), 2, 50_000);
-        let before = p.snapshot(0, 50_000, false).unwrap();
+        store(&p, P0, &info(1, 0, 0, 1), 0, 1_000);
+        store(&p, P0, &info(2, 0, 0, 1), 1, 1_000);
+        store(&p, P0, &info(2, 0, 1, 1), 2, 50_000);
+        let before = p.snapshot(P0, 50_000, false).unwrap();
         assert_eq!(before.producers.len(), 2);
         // At 61 s producer 1 (last seen at 1 s) is gone from snapshots and from memory.
         let later = 61_000;
-        let snap = p.snapshot(0, later, false).unwrap();
+        let snap = p.snapshot(P0, later, false).unwrap();
         assert_eq!(snap.producers.len(), 1);
         assert_eq!(snap.producers[0].id, 2);
         assert_eq!(p.expire(later), 1);
-        assert_eq!(p.count(0), 1);
+        assert_eq!(p.count(P0), 1);
         // A far-off sequence from it is a new producer, not a gap.
         assert!(matches!(
-            p.check_at(0, &info(1, 0, 500, 1), later),
+            p.check_at(P0, &info(1, 0, 500, 1), later),
             Verdict::Store(Some(_))
         ));
         // A snapshot restored after the expiry time leaves the producer out.
         let q = Producers::new(Duration::from_secs(60));
-        assert_eq!(q.restore(0, before.producers.clone(), later), 1);
-        assert_eq!(q.count(0), 1);
+        assert_eq!(q.restore(P0, before.producers.clone(), later), 1);
+        assert_eq!(q.count(P0), 1);
         // Without a sweep, `check` expires it by itself.
         let r = Producers::new(Duration::from_secs(60));
-        store(&r, 0, &info(1, 0, 0, 1), 0, 1_000);
+        store(&r, P0, &info(1, 0, 0, 1), 0, 1_000);
         assert!(matches!(
-            r.check_at(0, &info(1, 0, 500, 1), later),
+            r.check_at(P0, &info(1, 0, 500, 1), later),
             Verdict::Store(Some(_))
         ));
         // A producer with a batch in flight is never dropped.
-        let Verdict::Store(Some(_tx)) = r.check_at(0, &info(1, 0, 501, 1), later) else {
+        let Verdict::Store(Some(_tx)) = r.check_at(P0, &info(1, 0, 501, 1), later) else {
             panic!()
         };
         assert_eq!(r.expire(later + 3_600_000), 0);
         // ...unless the request that took it was dropped before queueing it.
         let s = Producers::new(Duration::from_secs(60));
-        drop(s.check_at(0, &info(1, 0, 0, 1), 1_000));
+        drop(s.check_at(P0, &info(1, 0, 0, 1), 1_000));
         assert_eq!(s.expire(later), 1);
     }
 }

@@ -36,11 +36,14 @@ pub fn spawn_background(broker: &Arc<Broker>) {
         let b = broker.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_millis(200));
-            let quarter_ring = (b.log().geometry().log_size / 4).max(1);
-            let producers_every = PRODUCER_SNAPSHOT_BYTES.min(quarter_ring);
-            // A snapshot at start too: what was replayed may sit near the head of the ring.
-            let mut snapped_at: Option<u64> = None;
-            let mut producers_at = 0u64;
+            // Per device: its ring wraps on its own, over its own partitions' snapshots.
+            let quarter: Vec<u64> = b
+                .logs()
+                .iter()
+                .map(|l| (l.geometry().log_size / 4).max(1))
+                .collect();
+            let mut snapped_at: Vec<Option<u64>> = vec![None; quarter.len()];
+            let mut producers_at = vec![0u64; quarter.len()];
             let mut ticks = 0u64;
             loop {
                 every.tick().await;
@@ -52,18 +55,34 @@ pub fn spawn_background(broker: &Arc<Broker>) {
                         tracing::info!(producers = n, "idle producer ids expired");
                     }
                 }
-                let d = b.log().durable();
-                if snapped_at.is_none_or(|s| d.saturating_sub(s) >= quarter_ring) {
-                    if let Err(e) = b.snapshot().await {
-                        tracing::warn!(error = %e, "snapshot of the internal state failed");
+                for (dev, &quarter_ring) in quarter.iter().enumerate() {
+                    let Ok(dev16) = u16::try_from(dev) else {
+                        break;
+                    };
+                    let d = b.logs()[dev].durable();
+                    let producers_every = PRODUCER_SNAPSHOT_BYTES.min(quarter_ring);
+                    // A snapshot at start too: what was replayed may sit near the ring's head.
+                    if snapped_at[dev].is_none_or(|s| d.saturating_sub(s) >= quarter_ring) {
+                        // Device 0 holds the broker's own state: all of it is re-recorded
+                        // (with every device's producers); another device, its producers.
+                        let r = if dev == 0 {
+                            b.snapshot().await
+                        } else {
+                            b.snapshot_producers_of(Some(dev16), false)
+                                .await
+                                .map(|_| ())
+                        };
+                        if let Err(e) = r {
+                            tracing::warn!(device = dev, error = %e, "snapshot of the internal state failed");
+                        }
+                        snapped_at[dev] = Some(d);
+                        producers_at[dev] = d;
+                    } else if d.saturating_sub(producers_at[dev]) >= producers_every {
+                        if let Err(e) = b.snapshot_producers_of(Some(dev16), true).await {
+                            tracing::warn!(device = dev, error = %e, "snapshot of the producer state failed");
+                        }
+                        producers_at[dev] = d;
                     }
-                    snapped_at = Some(d);
-                    producers_at = d;
-                } else if d.saturating_sub(producers_at) >= producers_every {
-                    if let Err(e) = b.snapshot_producers(true).await {
-                        tracing::warn!(error = %e, "snapshot of the producer state failed");
-                    }
-                    producers_at = d;
                 }
             }
         });

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use frontend::client::{record_batch, Client};
 use frontend::meta::{MetaRecord, ProducerSnap, ProducerStatePart, StoredBatch};
 use frontend::producers::{PartitionSnap, Producers};
-use frontend::{Broker, Config, Server, ServerOptions, Startup};
+use frontend::{Broker, Config, PartRef, Server, ServerOptions, Startup};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{MetadataRequest, ProduceRequest, TopicName};
@@ -123,7 +123,7 @@ async fn produce(c: &mut Client, part: i32, batch: Vec<u8>) -> (i16, i64) {
     (p.error_code, p.base_offset)
 }
 
-fn data_partitions(b: &Broker) -> Vec<u32> {
+fn data_partitions(b: &Broker) -> Vec<PartRef> {
     b.topics().map[TOPIC].clone()
 }
 
@@ -135,7 +135,7 @@ fn normalized(mut s: PartitionSnap) -> PartitionSnap {
 }
 
 /// The broker's producer state of a partition.
-fn state(b: &Broker, partition: u32) -> PartitionSnap {
+fn state(b: &Broker, partition: PartRef) -> PartitionSnap {
     normalized(
         b.producers()
             .snapshot(partition, frontend::producers::now_ms(), false)
@@ -144,12 +144,15 @@ fn state(b: &Broker, partition: u32) -> PartitionSnap {
 }
 
 /// What a replay of every record the log holds for the partition builds.
-fn full_replay(b: &Broker, partition: u32) -> PartitionSnap {
+fn full_replay(b: &Broker, partition: PartRef) -> PartitionSnap {
     let p = Producers::default();
     let (start, end) = b.bounds(partition).unwrap();
     let mut next = start;
     while next < end {
-        let recs = b.log().read(partition, next, 1 << 20).unwrap();
+        let recs = b
+            .log_of(partition)
+            .read(partition.id, next, 1 << 20)
+            .unwrap();
         assert!(!recs.is_empty());
         for r in recs {
             let info = frontend::batch::header(&r.payload).unwrap();
@@ -267,13 +270,13 @@ async fn a_log_without_snapshots_and_a_snapshot_past_the_end_are_replayed_in_ful
     assert!(b.create_topic(TOPIC, 2).await.unwrap());
     let parts = data_partitions(&b);
     for seq in 0..6 {
-        b.log()
-            .append_wait(parts[0], batch(9, 0, seq, 1))
+        b.log_of(parts[0])
+            .append_wait(parts[0].id, batch(9, 0, seq, 1))
             .expect("append");
     }
     // A snapshot whose `through` lies past the partition's end (as only damage could leave it).
     let bogus = MetaRecord::ProducerState(ProducerStatePart {
-        partition: parts[1],
+        partition: parts[1].id,
         through: 1000,
         part: 0,
         parts: 1,
@@ -323,7 +326,7 @@ impl Rng {
 }
 
 /// Snapshots every partition; notes each one's `through`.
-async fn snapshot(b: &Broker, parts: &[u32], through: &mut [u64]) {
+async fn snapshot(b: &Broker, parts: &[PartRef], through: &mut [u64]) {
     for (i, &p) in parts.iter().enumerate() {
         through[i] = b.producers().snapshot(p, 0, false).unwrap().through;
     }

@@ -62,17 +62,21 @@ pub(crate) fn run(
             sleep_checking(&cancel, Duration::from_secs(1));
             continue;
         }
-        let step = match check_one(&geo, at, durable, &mut read) {
-            Ok(len) => {
-                resyncing = false;
-                len
-            }
-            Err(Checked::Freed) => {
+        // While resynchronising, one write unit at a time; else up to a maximum batch at once.
+        let chunk = if resyncing { u } else { geo.max_batch };
+        let (good, failed) = check_chunk(&geo, at, durable, chunk, &mut read);
+        if good > 0 {
+            resyncing = false;
+        }
+        let at = at + good;
+        let step = match failed {
+            None => good,
+            Some(Checked::Freed) => {
                 pos = None;
                 continue;
             }
-            Err(Checked::Stopped) => return,
-            Err(Checked::Damage { what, skip }) => {
+            Some(Checked::Stopped) => return,
+            Some(Checked::Damage { what, skip }) => {
                 // Retention may have freed (and the writer reused) it while we read.
                 if at < shared.lock().head {
                     pos = None;
@@ -91,11 +95,11 @@ pub(crate) fn run(
                 // Without a valid header the next batch cannot be found from here: go on one
                 // write unit at a time until headers resynchronise.
                 resyncing = skip.is_none();
-                skip.unwrap_or(u)
+                good + skip.unwrap_or(u)
             }
         };
         shared.lock().scrub.bytes_checked += step;
-        pos = Some(at + step);
+        pos = Some(at - good + step);
         // Cap the rate: sleep until the bytes read fit the budget.
         budget_used += step;
         let due = Duration::from_secs_f64(budget_used as f64 / rate as f64);
@@ -119,35 +123,66 @@ fn damage(what: String, skip: Option<u64>) -> Checked {
     Checked::Damage { what, skip }
 }
 
-/// Checks the batch at `at`; returns its length.
-fn check_one(
+/// Checks the batches from `at` in one read of up to `chunk` bytes (small batches would
+/// otherwise cost a request to the writer each); a batch the read cut short is left for the
+/// next chunk, unless it is the first, which is then read whole. Returns the bytes of the
+/// batches that checked, and why checking stopped before the end of the chunk, if it did (at
+/// `at` plus those bytes).
+fn check_chunk(
     geo: &Geometry,
     at: u64,
     durable: u64,
+    chunk: u64,
     read: &mut impl FnMut(u64, u64) -> Result<Vec<u8>, LogError>,
-) -> Result<u64, Checked> {
+) -> (u64, Option<Checked>) {
     let u = geo.write_unit;
-    let fetch =
-        |read: &mut dyn FnMut(u64, u64) -> Result<Vec<u8>, LogError>, len| match read(at, len) {
-            Ok(b) => Ok(b),
-            Err(LogError::OffsetOutOfRange { .. }) => Err(Checked::Freed),
-            Err(LogError::Shutdown) | Err(LogError::WriterStopped(_)) => Err(Checked::Stopped),
-            Err(e) => Err(damage(format!("read failed: {e}"), None)),
+    let fetch = |read: &mut dyn FnMut(u64, u64) -> Result<Vec<u8>, LogError>, from, len| match read(
+        from, len,
+    ) {
+        Ok(b) => Ok(b),
+        Err(LogError::OffsetOutOfRange { .. }) => Err(Checked::Freed),
+        Err(LogError::Shutdown) | Err(LogError::WriterStopped(_)) => Err(Checked::Stopped),
+        Err(e) => Err(damage(format!("read failed: {e}"), None)),
+    };
+    // Batch ends (so D) are multiples of U; the chunk is too.
+    let want = chunk.min(geo.max_batch).min(durable - at);
+    let want = (want - want % u).max(u);
+    let chunk = match fetch(read, at, want) {
+        Ok(b) => b,
+        Err(c) => return (0, Some(c)),
+    };
+    let mut off = 0u64;
+    while off < chunk.len() as u64 {
+        let here = at + off;
+        let rest = &chunk[off as usize..];
+        let h = match BatchHeader::decode(rest, geo.format_id, here, u as u32) {
+            Ok((h, _)) => h,
+            Err(f) => return (off, Some(damage(format!("batch header: {f:?}"), None))),
         };
-    let first = fetch(read, u)?;
-    let (h, _) = BatchHeader::decode(&first, geo.format_id, at, u as u32)
-        .map_err(|f| damage(format!("batch header: {f:?}"), None))?;
-    let len = u64::from(h.length);
-    if len == 0 || at + len > durable {
-        return Err(damage(
-            format!("batch length {len} runs past the durable point {durable}"),
-            None,
-        ));
+        let len = u64::from(h.length);
+        if len == 0 || here + len > durable {
+            let what = format!("batch length {len} runs past the durable point {durable}");
+            return (off, Some(damage(what, None)));
+        }
+        let whole;
+        let bytes = if len <= rest.len() as u64 {
+            &rest[..len as usize]
+        } else if off > 0 {
+            // Cut short by the chunk: it starts the next one.
+            break;
+        } else {
+            whole = match fetch(read, here, len) {
+                Ok(b) => b,
+                Err(c) => return (off, Some(c)),
+            };
+            &whole[..]
+        };
+        if let Err(f) = check_batch(bytes, geo.format_id, here, u as u32, |_| {}) {
+            return (off, Some(damage(f.to_string(), Some(len))));
+        }
+        off += len;
     }
-    let bytes = if len > u { fetch(read, len)? } else { first };
-    check_batch(&bytes, geo.format_id, at, u as u32, |_| {})
-        .map_err(|f| damage(f.to_string(), Some(len)))?;
-    Ok(len)
+    (off, None)
 }
 
 fn sleep_checking(cancel: &AtomicBool, total: Duration) {

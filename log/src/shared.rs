@@ -3,7 +3,7 @@
 //! could take back (storage.md §1, "Reads keep the promise too").
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::cache::BatchCache;
@@ -123,6 +123,8 @@ pub struct Shared {
     cache: Mutex<BatchCache>,
     /// The log was asked to close (`Log::close`): the writer finishes what it holds and stops.
     close: AtomicBool,
+    /// Threads in `wait_until`: `notify` makes no system call when there are none.
+    waiters: AtomicUsize,
 }
 
 impl Shared {
@@ -155,8 +157,13 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Wakes the threads waiting for a change; call after changing the state (under its lock).
     pub fn notify(&self) {
-        self.changed.notify_all();
+        // A waiter registers under the state's lock before it looks at the state, so a change
+        // made under the lock before this call is either seen by it or finds it registered.
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.changed.notify_all();
+        }
     }
 
     /// Waits until `ready` holds or the timeout passes; returns the guard either way.
@@ -166,12 +173,14 @@ impl Shared {
         mut ready: impl FnMut(&SharedState) -> bool,
     ) -> MutexGuard<'a, SharedState> {
         let guard = self.lock();
+        self.waiters.fetch_add(1, Ordering::SeqCst);
         let (g, _) = self
             .changed
             .wait_timeout_while(guard, timeout, |s| {
                 !ready(s) && s.fatal.is_none() && !s.stopped
             })
             .unwrap_or_else(|e| e.into_inner());
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
         g
     }
 }

@@ -37,6 +37,8 @@ pub struct SimSpec {
     pub flush: Duration,
     pub volatile_cache: bool,
     pub serialize_flushes: bool,
+    /// Takes linked write+flush pairs (`linked=true`).
+    pub linked_flush: bool,
     pub seed: u64,
 }
 
@@ -50,6 +52,7 @@ impl std::str::FromStr for DeviceSpec {
                 flush: Duration::from_micros(4400),
                 volatile_cache: true,
                 serialize_flushes: false,
+                linked_flush: false,
                 seed: 1,
             };
             for kv in s
@@ -67,8 +70,9 @@ impl std::str::FromStr for DeviceSpec {
                     "flush" => spec.flush = parse_duration(v).with_context(|| format!("device {s:?}"))?,
                     "plp" => spec.volatile_cache = !parse_bool(v).with_context(|| format!("device {s:?}"))?,
                     "serialize" => spec.serialize_flushes = parse_bool(v).with_context(|| format!("device {s:?}"))?,
+                    "linked" => spec.linked_flush = parse_bool(v).with_context(|| format!("device {s:?}"))?,
                     "seed" => spec.seed = v.parse().with_context(|| format!("device {s:?}: seed {v:?}"))?,
-                    _ => bail!("device {s:?}: unknown sim option {k:?} (capacity, write, flush, plp, serialize, seed)"),
+                    _ => bail!("device {s:?}: unknown sim option {k:?} (capacity, write, flush, plp, serialize, linked, seed)"),
                 }
             }
             return Ok(DeviceSpec::Sim(spec));
@@ -114,6 +118,7 @@ impl DeviceSpec {
                 cfg.flush_latency = fixed(s.flush);
                 cfg.volatile_cache = s.volatile_cache;
                 cfg.serialize_flushes = s.serialize_flushes;
+                cfg.linked_flush = s.linked_flush;
                 cfg.clock = SimClock::real();
                 let (mut dev, _handle) = SimDevice::new(cfg);
                 init(&mut dev)?;

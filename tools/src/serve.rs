@@ -1,4 +1,4 @@
-//! `nvmq serve`: the Kafka protocol broker over one device.
+//! `nvmq serve`: the Kafka protocol broker over one device or several.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -22,9 +22,11 @@ pub struct ServeArgs {
     #[arg(long)]
     pub advertise: Option<String>,
     /// Device: `file:<path>[,engine=uring|threads|auto]` (created and formatted if missing, else
-    /// recovered) or `sim[:...]` (in memory, formatted at every start).
-    #[arg(long, default_value = DEFAULT_DEVICE)]
-    pub device: String,
+    /// recovered) or `sim[:...]` (in memory, formatted at every start). Repeat it for several
+    /// devices: one log and one writer each, partitions spread over them; device i is written
+    /// by event loop i mod --loops. Give the same set, in the same order, at every start.
+    #[arg(long, default_value = DEFAULT_DEVICE, action = clap::ArgAction::Append)]
+    pub device: Vec<String>,
     /// Size of a device file created on first start.
     #[arg(long, default_value = "1G")]
     pub size: String,
@@ -63,7 +65,11 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let spec: DeviceSpec = args.device.parse()?;
+    let specs: Vec<DeviceSpec> = args
+        .device
+        .iter()
+        .map(|d| d.parse())
+        .collect::<Result<_>>()?;
     let size = crate::devspec::parse_size(&args.size)?;
     let max_frame = crate::devspec::parse_size(&args.max_frame)?;
     let flush: FlushMode = args.flush.parse().map_err(|e: String| anyhow!(e))?;
@@ -74,29 +80,41 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .listen
         .parse()
         .with_context(|| format!("--listen {:?}: expected host:port", args.listen))?;
-    let fresh = match &spec {
-        DeviceSpec::File { path, .. } => !Path::new(path).exists(),
-        DeviceSpec::Sim(_) => true,
-        // A namespace is never formatted implicitly: `nvmq format --device nvme:...` first.
-        DeviceSpec::Nvme { .. } => false,
-    };
-    let dev = spec.open(Some(size), |dev| {
-        if !fresh {
-            return Ok(());
-        }
-        nvmq_log::mkfs::format_device(dev, &FormatOptions::default())
-    })?;
-    if fresh {
-        println!("formatted a new log on {}", args.device);
-    }
     let cfg = LogConfig {
         flush,
         ..LogConfig::default()
     };
     let queue = cfg.queue_capacity;
-    let (writer, report) =
-        recovery::open(dev, cfg).with_context(|| format!("opening the log on {}", args.device))?;
-    println!("{report}");
+    let mut writers = Vec::new();
+    let mut reports = Vec::new();
+    for (spec, name) in specs.iter().zip(&args.device) {
+        let fresh = match spec {
+            DeviceSpec::File { path, .. } => !Path::new(path).exists(),
+            DeviceSpec::Sim(_) => true,
+            // A namespace is never formatted implicitly: `nvmq format --device nvme:...` first.
+            DeviceSpec::Nvme { .. } => false,
+        };
+        let dev = spec.open(Some(size), |dev| {
+            if !fresh {
+                return Ok(());
+            }
+            nvmq_log::mkfs::format_device(dev, &FormatOptions::default())
+        })?;
+        if fresh {
+            println!("formatted a new log on {name}");
+        }
+        let (writer, report) = recovery::open(dev, cfg.clone())
+            .with_context(|| format!("opening the log on {name}"))?;
+        if specs.len() > 1 {
+            println!("device {}: {name}", writers.len());
+        }
+        println!("{report}");
+        writers.push(writer);
+        reports.push(report);
+    }
+    let Some(writer) = writers.first() else {
+        bail!("--device: at least one device is needed");
+    };
     println!(
         "{}",
         flush.loss_window(writer.geometry().window).unwrap_or_else(|| {
@@ -107,7 +125,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(addr) => {
             let metrics = Arc::new(crate::metrics::Metrics::new());
             metrics.attach_log(writer.shared(), writer.geometry());
-            metrics.set_recovery(&report);
+            if let Some(report) = reports.first() {
+                metrics.set_recovery(report);
+            }
             let server = crate::metrics::MetricsServer::start(addr.as_str(), metrics)
                 .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
             println!("metrics on http://{}/metrics", server.local_addr());
@@ -155,7 +175,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         queue_capacity: queue,
         ..frontend::ServerOptions::default()
     };
-    let server = frontend::Server::start(vec![writer], listener, fcfg, opts)
+    let server = frontend::Server::start(writers, listener, fcfg, opts)
         .context("opening the broker state")?;
     let st = server.broker().startup();
     println!(

@@ -29,6 +29,8 @@ mod latency;
 mod media;
 mod rng;
 mod state;
+#[cfg(target_os = "linux")]
+mod timer;
 
 pub use clock::SimClock;
 pub use crash::{land_unflushed, Landing, WriteFate};
@@ -193,6 +195,9 @@ pub struct SimDevice {
     generation: u64,
     info: DeviceInfo,
     clock: SimClock,
+    /// The completion fd (a real clock on Linux): fires when the earliest I/O in flight is due.
+    #[cfg(target_os = "linux")]
+    timer: Option<timer::DueTimer>,
 }
 
 /// Control of a simulated device for tests: power, faults, raw access, counters. Clone-able and
@@ -212,6 +217,8 @@ impl SimDevice {
             shared: shared.clone(),
             generation: 0,
             info,
+            #[cfg(target_os = "linux")]
+            timer: due_timer(&clock),
             clock,
         };
         (dev, SimHandle { shared })
@@ -220,6 +227,35 @@ impl SimDevice {
     fn state(&self) -> MutexGuard<'_, State> {
         lock(&self.shared)
     }
+
+    /// Re-arms the completion fd for the earliest I/O now in flight.
+    fn rearm(&mut self) {
+        #[cfg(target_os = "linux")]
+        if self.timer.is_some() {
+            let due = {
+                let st = lock(&self.shared);
+                if st.off || st.generation != self.generation {
+                    None
+                } else {
+                    st.earliest_due()
+                }
+            };
+            let now = self.clock.now_nanos();
+            if let Some(t) = self.timer.as_mut() {
+                t.arm(due, now);
+            }
+        }
+    }
+}
+
+/// A timer for the completion fd, on a real clock (a virtual one is moved by its test, which
+/// never sleeps on it); none if the kernel refuses one (the device is then polled).
+#[cfg(target_os = "linux")]
+fn due_timer(clock: &SimClock) -> Option<timer::DueTimer> {
+    if clock.is_virtual() {
+        return None;
+    }
+    timer::DueTimer::new().ok()
 }
 
 impl std::fmt::Debug for SimDevice {
@@ -262,17 +298,23 @@ impl BlockDevice for SimDevice {
 
     fn submit_write(&mut self, tag: Tag, lba: u64, buffer: IoBuffer) -> Result<(), DeviceError> {
         let generation = self.generation;
-        self.state().submit_write(generation, tag, lba, buffer)
+        let r = self.state().submit_write(generation, tag, lba, buffer);
+        self.rearm();
+        r
     }
 
     fn submit_read(&mut self, tag: Tag, lba: u64, buffer: IoBuffer) -> Result<(), DeviceError> {
         let generation = self.generation;
-        self.state().submit_read(generation, tag, lba, buffer)
+        let r = self.state().submit_read(generation, tag, lba, buffer);
+        self.rearm();
+        r
     }
 
     fn submit_flush(&mut self, tag: Tag) -> Result<(), DeviceError> {
         let generation = self.generation;
-        self.state().submit_flush(generation, tag)
+        let r = self.state().submit_flush(generation, tag);
+        self.rearm();
+        r
     }
 
     fn submit_write_flush(
@@ -283,13 +325,28 @@ impl BlockDevice for SimDevice {
         flush_tag: Tag,
     ) -> Result<(), DeviceError> {
         let generation = self.generation;
-        self.state()
-            .submit_write_flush(generation, write_tag, lba, buffer, flush_tag)
+        let r = self
+            .state()
+            .submit_write_flush(generation, write_tag, lba, buffer, flush_tag);
+        self.rearm();
+        r
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError> {
         let generation = self.generation;
-        self.state().poll(generation, out)
+        // The fd is reset before the reap and armed again after it, for what is still due.
+        #[cfg(target_os = "linux")]
+        if let Some(t) = self.timer.as_mut() {
+            t.reset();
+        }
+        let r = self.state().poll(generation, out);
+        self.rearm();
+        r
+    }
+
+    #[cfg(target_os = "linux")]
+    fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.timer.as_ref().map(|t| t.fd())
     }
 
     /// With a virtual clock this never sleeps: when nothing is due it moves the clock to the
@@ -362,11 +419,14 @@ impl SimHandle {
         st.inflight.clear();
         st.linked.clear();
         st.last_flush_finish = 0;
+        let clock = st.cfg.clock.clone();
         SimDevice {
             shared: self.shared.clone(),
             generation: st.generation,
             info: st.info.clone(),
-            clock: st.cfg.clock.clone(),
+            #[cfg(target_os = "linux")]
+            timer: due_timer(&clock),
+            clock,
         }
     }
 

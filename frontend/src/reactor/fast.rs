@@ -15,6 +15,7 @@ use nvmq_log::{Appended, LogError};
 use super::conn::{ConnRef, Slot};
 use super::service::{Answer, LoopCtx, ProducerHook};
 use crate::conn::{decode, Ctx, Outcome};
+use crate::part::PartRef;
 use crate::produce::log_error_code;
 use crate::producers::{BatchKey, Verdict};
 use crate::{batch, codes, fetch};
@@ -250,7 +251,7 @@ struct Place {
 /// the partition, and idempotence answers the retry of the stored ones).
 fn start_partition(
     lp: &LoopCtx,
-    pid: u32,
+    pid: PartRef,
     records: &Bytes,
     at: Place,
     pa: &mut PartAnswer,
@@ -266,7 +267,7 @@ fn start_partition(
         pa.base = 0;
         return None;
     }
-    let max = b.log().max_payload();
+    let max = b.log_of(pid).max_payload();
     if let Some((info, _)) = batches.iter().find(|(_, bytes)| bytes.len() > max) {
         return Some((
             codes::MESSAGE_TOO_LARGE,
@@ -324,7 +325,7 @@ fn start_partition(
                     landing,
                 };
                 let payload = records.slice_ref(bytes);
-                lp.append(0, pid, payload, info.span(), answer, Some(hook));
+                lp.append(pid, payload, info.span(), answer, Some(hook));
             }
         }
     }

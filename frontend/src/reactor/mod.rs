@@ -227,28 +227,42 @@ impl Server {
             std::thread::sleep(Duration::from_millis(2));
         }
         let fast_done = self.shared.outstanding.load(Ordering::SeqCst) == 0;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|source| FrontendError::Io {
-                op: "starting the shutdown runtime",
-                source,
-            })?;
         let b = self.broker.clone();
-        rt.block_on(async move {
-            // Once every queued append is acknowledged, a snapshot of every partition's producers
-            // lets the next start replay nothing.
-            if fast_done && b.quiesce(SHUTDOWN_WAIT).await {
-                match b.snapshot_producers(false).await {
-                    Ok(n) => {
-                        tracing::info!(partitions = n, "producer state recorded for the restart")
+        // On a thread of its own, with a runtime of its own: the caller may be inside one.
+        let last = move || -> Result<(), FrontendError> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|source| FrontendError::Io {
+                    op: "starting the shutdown runtime",
+                    source,
+                })?;
+            rt.block_on(async move {
+                // Once every queued append is acknowledged, a snapshot of every partition's
+                // producers lets the next start replay nothing.
+                if fast_done && b.quiesce(SHUTDOWN_WAIT).await {
+                    match b.snapshot_producers(false).await {
+                        Ok(n) => tracing::info!(partitions = n, "producer state recorded"),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "snapshot of the producer state failed")
+                        }
                     }
-                    Err(e) => tracing::warn!(error = %e, "snapshot of the producer state failed"),
+                } else {
+                    tracing::warn!(
+                        "appends still in flight at shutdown: no final producer snapshot"
+                    );
                 }
-            } else {
-                tracing::warn!("appends still in flight at shutdown: no final producer snapshot");
-            }
-        });
+            });
+            Ok(())
+        };
+        let snapshot = std::thread::Builder::new()
+            .name("nvmq-shutdown".into())
+            .spawn(last)
+            .map_err(|e| FrontendError::Thread(e.to_string()))?;
+        match snapshot.join() {
+            Ok(r) => r?,
+            Err(_) => tracing::error!("the shutdown snapshot panicked"),
+        }
         self.broker.close_logs();
         stop_loops(&self.shared, std::mem::take(&mut self.threads));
         Ok(self.broker.clone())

@@ -21,6 +21,7 @@ use super::conn::{self, ConnRef, Conns};
 use super::driver::{Driver, HostedDriver};
 use super::ServerShared;
 use crate::broker::Broker;
+use crate::part::PartRef;
 use crate::producers::{BatchKey, LandingTx};
 
 /// Handed to every loop once the broker is open.
@@ -44,7 +45,7 @@ impl<D: BlockDevice + 'static> Hostable for Hosted<D> {
 /// The idempotent producers' hook of an append to a data partition: run by the loop owning the
 /// device when the append is answered, in log order.
 pub(crate) struct ProducerHook {
-    pub partition: u32,
+    pub partition: PartRef,
     pub span: u32,
     pub key: Option<BatchKey>,
     pub landing: Option<LandingTx>,
@@ -101,13 +102,13 @@ impl LoopCtx {
     /// hosts the device, else to the loop that does.
     pub fn append(
         &self,
-        device: usize,
-        partition: u32,
+        part: PartRef,
         payload: Bytes,
         span: u32,
         answer: Answer,
         producer: Option<ProducerHook>,
     ) {
+        let (device, partition) = (part.device(), part.id);
         let bytes = payload.len();
         self.budget_used.set(self.budget_used.get() + bytes);
         self.server.outstanding.fetch_add(1, Ordering::Relaxed);
@@ -159,7 +160,7 @@ impl LoopCtx {
     /// An append from another loop, for a writer of this one.
     fn append_remote(&self, m: AppendMsg) {
         let producer = Some(ProducerHook {
-            partition: m.partition,
+            partition: PartRef::new(u16::try_from(m.device).unwrap_or(u16::MAX), m.partition),
             span: m.span,
             key: m.key,
             landing: m.landing,

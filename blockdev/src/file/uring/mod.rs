@@ -141,6 +141,8 @@ pub(super) struct Ring {
     fail_write: bool,
     /// Test seam: the next linked write's first attempt is short and the link is severed.
     short_linked: bool,
+    /// CQEs were reaped since the eventfd was last reset: their signals may still be pending.
+    maybe_signalled: bool,
     /// Linked flushes whose fsync the engine issued itself after their write (a severed link).
     reissued: u64,
 }
@@ -193,6 +195,7 @@ impl Ring {
             reissued: 0,
             fail_write: false,
             short_linked: false,
+            maybe_signalled: false,
         })
     }
 
@@ -468,12 +471,15 @@ impl Ring {
     }
 
     /// Reaps every CQE that is ready: finished I/Os into `out`, flush outcomes into `events`.
-    fn reap(&mut self, out: &mut Vec<Completion>, events: &mut Vec<FlushEvent>) {
+    /// Reaps every CQE ready; returns how many.
+    fn reap(&mut self, out: &mut Vec<Completion>, events: &mut Vec<FlushEvent>) -> usize {
+        let mut cqes = 0;
         loop {
             // A `let ... else`, so that the completion queue's borrow ends here.
             let Some(cqe) = self.ring.completion().next() else {
                 break;
             };
+            cqes += 1;
             let Ok(idx) = u32::try_from(cqe.user_data()) else {
                 continue;
             };
@@ -491,6 +497,7 @@ impl Ring {
                 self.transfer_done(idx, cqe.result(), out, events);
             }
         }
+        cqes
     }
 
     /// Submits what is queued, resets the completion eventfd, then reaps what is ready: in that
@@ -500,6 +507,14 @@ impl Ring {
         out: &mut Vec<Completion>,
         events: &mut Vec<FlushEvent>,
     ) -> Result<(), DeviceError> {
+        self.enter(None)?;
+        // Nothing completed, and no signal can be left over from CQEs reaped after the last
+        // reset: leave the eventfd alone, which saves a system call per poll of an owner that
+        // polls often. A completion posted after this look signals the eventfd, so the owner
+        // still wakes for it.
+        if self.ring.completion().is_empty() && !self.maybe_signalled {
+            return Ok(());
+        }
         self.poll_with(out, events, |_| {})
     }
 
@@ -513,7 +528,8 @@ impl Ring {
         self.enter(None)?;
         self.notify.drain();
         between(&mut self.ring);
-        self.reap(out, events);
+        // A CQE reaped now may have signalled after the reset: the next poll resets again.
+        self.maybe_signalled = self.reap(out, events) > 0;
         Ok(())
     }
 
@@ -527,13 +543,13 @@ impl Ring {
     ) -> Result<(), DeviceError> {
         let before = (out.len(), events.len());
         self.notify.drain();
-        self.reap(out, events);
+        self.maybe_signalled = self.reap(out, events) > 0;
         if (out.len(), events.len()) != before {
             return Ok(());
         }
         self.enter(Some(timeout))?;
         self.notify.drain();
-        self.reap(out, events);
+        self.maybe_signalled = self.reap(out, events) > 0;
         Ok(())
     }
 

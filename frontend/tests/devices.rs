@@ -1,0 +1,179 @@
+//! More than one device: a topic's partitions spread over every device's log, each written by
+//! the writer of its own device (on its own event loop), read back from the right one, and found
+//! again on the right device after a restart, with each device's producer snapshots.
+
+use std::time::Duration;
+
+use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice, SimHandle};
+use bytes::Bytes;
+use frontend::client::{record_batch, Client};
+use frontend::{Config, PartRef, Server, ServerOptions};
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{CreateTopicsRequest, FetchRequest, ProduceRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use nvmq_log::{FormatOptions, LogConfig};
+
+const TOPIC: &str = "spread";
+const PARTITIONS: i32 = 6;
+
+fn device(seed: u64) -> (SimDevice, SimHandle) {
+    let mut c = SimConfig::new(seed, 64 << 20);
+    c.flush_latency = Latency::Fixed(Duration::from_micros(100));
+    c.clock = SimClock::real();
+    let (mut dev, handle) = SimDevice::new(c);
+    nvmq_log::mkfs::format(&mut dev, &FormatOptions::default()).expect("format");
+    (dev, handle)
+}
+
+/// Serves the devices, device i on loop i.
+fn serve(devs: Vec<SimDevice>) -> Server {
+    let lc = LogConfig::default();
+    let writers = devs
+        .into_iter()
+        .map(|d| recovery::open(d, lc.clone()).expect("open").0)
+        .collect();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let opts = ServerOptions {
+        loops: 2,
+        pin: false,
+        queue_capacity: lc.queue_capacity,
+        ..ServerOptions::default()
+    };
+    Server::start(writers, l, Config::default(), opts).expect("server")
+}
+
+fn name() -> TopicName {
+    TopicName(StrBytes::from_static_str(TOPIC))
+}
+
+fn produce(part: i32, batch: Vec<u8>) -> ProduceRequest {
+    let mut p = PartitionProduceData::default();
+    p.index = part;
+    p.records = Some(Bytes::from(batch));
+    let mut td = TopicProduceData::default();
+    td.name = name();
+    td.partition_data = vec![p];
+    let mut r = ProduceRequest::default();
+    r.acks = -1;
+    r.timeout_ms = 10_000;
+    r.topic_data = vec![td];
+    r
+}
+
+/// Every record value of a partition, read with Fetch from offset 0.
+async fn read_all(c: &mut Client, part: i32) -> Vec<Vec<u8>> {
+    let mut p = FetchPartition::default();
+    p.partition = part;
+    p.partition_max_bytes = 1 << 20;
+    let mut ft = FetchTopic::default();
+    ft.topic = name();
+    ft.partitions = vec![p];
+    let mut r = FetchRequest::default();
+    r.replica_id = kafka_protocol::messages::BrokerId(-1);
+    r.max_bytes = 8 << 20;
+    r.topics = vec![ft];
+    let resp = c.call(11, &r).await.expect("fetch");
+    let pd = &resp.responses[0].partitions[0];
+    assert_eq!(pd.error_code, 0, "partition {part}");
+    let mut out = Vec::new();
+    let mut b = pd.records.clone().unwrap_or_default();
+    // Each stored batch holds one record here: its value is the batch's last bytes after the
+    // varints, so compare by suffix: the test's values are distinct 8-byte tags.
+    while b.len() >= 61 {
+        let len = 12 + i32::from_be_bytes([b[8], b[9], b[10], b[11]]) as usize;
+        let batch = b.split_to(len);
+        out.push(batch[batch.len() - 9..batch.len() - 1].to_vec());
+    }
+    out
+}
+
+fn tag(part: i32, i: u32) -> Vec<u8> {
+    let mut v = (part as u32).to_be_bytes().to_vec();
+    v.extend(i.to_be_bytes());
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_spread_over_devices_and_come_back_on_theirs() {
+    let (d0, h0) = device(21);
+    let (d1, h1) = device(22);
+    let server = serve(vec![d0, d1]);
+    let mut c = Client::connect(server.local_addr(), "t").await.unwrap();
+    let mut ct = CreatableTopic::default();
+    ct.name = name();
+    ct.num_partitions = PARTITIONS;
+    ct.replication_factor = 1;
+    let mut req = CreateTopicsRequest::default();
+    req.topics = vec![ct];
+    req.timeout_ms = 10_000;
+    let r = c.call(4, &req).await.unwrap();
+    assert_eq!(r.topics[0].error_code, 0);
+    let placed: Vec<PartRef> = server.broker().topics().map[TOPIC].clone();
+    assert_eq!(placed.len(), PARTITIONS as usize);
+    for dev in 0..2 {
+        assert!(
+            placed.iter().any(|p| p.dev == dev),
+            "no partition on device {dev}: {placed:?}"
+        );
+    }
+    // Plain and idempotent producers on every partition; pipelined, so that appends to both
+    // devices are in flight together.
+    for i in 0..20u32 {
+        for part in 0..PARTITIONS {
+            let idem = (part % 2 == 0).then_some((7, 0, i as i32));
+            let b = record_batch(&[&tag(part, i)], idem);
+            c.send(7, &produce(part, b)).await.unwrap();
+        }
+        for part in 0..PARTITIONS {
+            let (_, r) = c.recv::<ProduceRequest>(7).await.unwrap();
+            let p = &r.responses[0].partition_responses[0];
+            assert_eq!(
+                (p.error_code, p.base_offset),
+                (0, i64::from(i)),
+                "partition {part}"
+            );
+        }
+    }
+    for part in 0..PARTITIONS {
+        let want: Vec<Vec<u8>> = (0..20).map(|i| tag(part, i)).collect();
+        assert_eq!(read_all(&mut c, part).await, want, "partition {part}");
+    }
+    // Each partition's records are in its own device's log, and only there.
+    for (index, p) in placed.iter().enumerate() {
+        for (dev, log) in server.broker().logs().iter().enumerate() {
+            let has = log.partition_id(TOPIC, index as u32).is_some();
+            assert_eq!(has, dev == p.device(), "partition {index} on device {dev}");
+        }
+    }
+    drop(c);
+    server.shutdown().expect("clean shutdown");
+
+    // Both devices again, in the same order: the same placement, the data, and each device's
+    // producer snapshots (nothing to replay after a clean stop).
+    let server = serve(vec![h0.power_on(), h1.power_on()]);
+    assert_eq!(server.broker().topics().map[TOPIC], placed);
+    let st = server.broker().startup();
+    assert_eq!(
+        (st.partitions_from_snapshot, st.records_replayed),
+        (PARTITIONS as usize, 0)
+    );
+    let mut c = Client::connect(server.local_addr(), "t").await.unwrap();
+    for part in 0..PARTITIONS {
+        let want: Vec<Vec<u8>> = (0..20).map(|i| tag(part, i)).collect();
+        assert_eq!(read_all(&mut c, part).await, want, "partition {part}");
+        // A retry of an idempotent batch is still recognised, on either device.
+        if part % 2 == 0 {
+            let b = record_batch(&[&tag(part, 19)], Some((7, 0, 19)));
+            let r = c.call(7, &produce(part, b)).await.unwrap();
+            let p = &r.responses[0].partition_responses[0];
+            assert_eq!(
+                (p.error_code, p.base_offset),
+                (0, 19),
+                "retry on partition {part}"
+            );
+        }
+    }
+    server.shutdown().expect("clean shutdown");
+}
