@@ -64,6 +64,18 @@ fn open(dev: SimDevice, flush: FlushMode) -> Opened {
     Opened { server, b }
 }
 
+/// A broker over a log on a writer thread of its own, not serving: no background snapshots.
+fn open_unserved(dev: SimDevice) -> Arc<Broker> {
+    let lc = LogConfig::default();
+    let (w, _) = recovery::open(dev, lc.clone()).expect("open");
+    let cfg = Config {
+        default_partitions: 2,
+        ..Config::default()
+    };
+    let log = nvmq_log::Log::start(w, lc.queue_capacity);
+    Broker::open(log, lc.queue_capacity, cfg).expect("broker")
+}
+
 struct Node {
     b: Arc<Broker>,
     c: Client,
@@ -264,9 +276,10 @@ async fn after_a_clean_shutdown_nothing_is_replayed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_without_snapshots_and_a_snapshot_past_the_end_are_replayed_in_full() {
-    // Data written straight to the log, as a broker without producer snapshots left it.
+    // Data written straight to the log, as a broker without producer snapshots left it: a
+    // broker that does not serve (a serving one takes snapshots in the background).
     let (dev, handle) = device(13);
-    let b = open(dev, FlushMode::Always);
+    let b = open_unserved(dev);
     assert!(b.create_topic(TOPIC, 2).await.unwrap());
     let parts = data_partitions(&b);
     for seq in 0..6 {

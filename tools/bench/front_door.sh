@@ -6,6 +6,8 @@
 #       process 1 and 64 producers x 100 B;
 #   (b) nvmq serve (flush always, fresh file) measured by nvmq kafka-bench --broker from another
 #       process: closed:1, closed:64, batched, e2e, catchup, conns (with --server-pid); then SIGTERM;
+#   (b2) the same with two device files (two logs, two writers, on the two event loops):
+#       closed:64 (its topic's partitions spread over both devices);
 #   (c) nvmq serve --ceiling (Produce checked and answered without the log): closed:1, closed:64;
 #   (d) Redis (Debian's redis-server) with appendonly yes, appendfsync always then no, each on a
 #       fresh dir and port: redis-benchmark -P 1 --csv XADD k '*' d <100 B> at -c 64 and -c 1,
@@ -16,8 +18,7 @@
 # Knobs (environment): DURATION (3s, per kafka-bench / bench scenario), REDIS_SECONDS (5),
 # BATCHED (64x100), E2E (8), CATCHUP_RECORDS (2000000), CONNS (1024), CLIENT_THREADS (1),
 # SERVE_SIZE (2G), BENCH_SIZE (1G), PORT (19092; the script uses PORT..PORT+3).
-# DEVICES: passed to every durable `nvmq serve` as `--devices "$DEVICES"` (a hook for the
-# two-device figure; serve does not take it yet).
+# SERVE_EXTRA: more flags for every `nvmq serve` (e.g. "--loops 1").
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
@@ -49,8 +50,8 @@ scratch=$(realpath "$scratch")
 out=$scratch/front-door.jsonl
 : > "$out"
 payload=$(head -c 100 /dev/zero | tr '\0' x)
-serve_extra=()
-if [ -n "${DEVICES:-}" ]; then serve_extra=(--devices "$DEVICES"); fi
+read -r -a serve_extra <<< "${SERVE_EXTRA:-}"
+
 
 children=()
 cleanup() {
@@ -154,9 +155,20 @@ for r in $(seq 1 "$rounds"); do
   rm -f "$scratch/serve.img"
   echo "round $r: durable serve done" >&2
 
+  # (b2) two devices.
+  rm -f "$scratch/serve-a.img" "$scratch/serve-b.img"
+  serve_start "$scratch/serve2.log" --device "file:$scratch/serve-a.img" \
+    --device "file:$scratch/serve-b.img" --size "$SERVE_SIZE" --flush always \
+    --listen "127.0.0.1:$PORT" "${serve_extra[@]}"
+  kafka_bench "$PORT" --scenario closed:64 --topic-prefix two-devices > "$scratch/durable2.json"
+  emit "$r" durable2 "$scratch/durable2.json"
+  serve_stop
+  rm -f "$scratch/serve-a.img" "$scratch/serve-b.img"
+  echo "round $r: two-device serve done" >&2
+
   # (c) the same server answering Produce without the log.
   serve_start "$scratch/ceiling.log" --ceiling --device sim:capacity=256M \
-    --listen "127.0.0.1:$((PORT + 3))"
+    --listen "127.0.0.1:$((PORT + 3))" "${serve_extra[@]}"
   kafka_bench "$((PORT + 3))" --server-pid "$serve_pid" --scenario closed:1,closed:64 \
     > "$scratch/ceiling.json"
   emit "$r" ceiling "$scratch/ceiling.json"

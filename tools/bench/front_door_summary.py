@@ -31,7 +31,7 @@ def figures(lines):
                     f[f"inproc_{s['producers']}"] = s["acks_per_s"]
                     f[f"inproc_{s['producers']}_p50"] = s["p50_us"]
                     f[f"inproc_{s['producers']}_p99"] = s["p99_us"]
-        elif phase in ("durable", "ceiling"):
+        elif phase in ("durable", "durable2", "ceiling"):
             for s in data["scenarios"]:
                 kind, lat = s["kind"], s["latency"]
                 if kind == "closed":
@@ -82,6 +82,7 @@ def figures(lines):
     ratio("r_inproc_1", "inproc_1", "device_alone")
     ratio("r_inproc_64", "inproc_64", "inproc_1")
     ratio("r_tail", "durable_64_p99", "durable_64_p50")
+    ratio("r_two_devices", "durable2_64", "durable_64")
     return f
 
 
@@ -127,6 +128,7 @@ def main():
         ("durable closed:64 / Redis appendfsync always, 64 clients", "r_redis_always", "x", "", None),
         ("durable closed:64 p99 / p50", "r_tail", "x", "<= 2x", lambda v: v <= 2),
         ("durable closed:1 / device alone write+flush/s", "r_device", "x", ">= 0.8x", lambda v: v >= 0.8),
+        ("two devices closed:64 / one device closed:64", "r_two_devices", "x", ">= 1.6x", lambda v: v >= 1.6),
         ("in process 1 producer / device alone", "r_inproc_1", "x", ">= 0.9x", lambda v: v >= 0.9),
         ("in process 64 producers / 1 producer", "r_inproc_64", "x", ">= 25x", lambda v: v >= 25),
         (f"durable {batched} records/s", "batched_records", "n", ">= 1,500,000", lambda v: v >= 1.5e6),
@@ -157,6 +159,7 @@ def main():
         ("device alone (1 writer, 4 KiB write + flush)", "device_alone", None),
         ("nvmq in process (`nvmq bench`, flush always)", "inproc_1", "inproc_64"),
         ("nvmq over Kafka, durable (flush always)", "durable_1", "durable_64"),
+        ("nvmq over Kafka, durable, two devices", None, "durable2_64"),
         ("nvmq over Kafka, `--ceiling` (no log)", "ceiling_1", "ceiling_64"),
         ("Redis XADD, appendfsync always", "redis_always_1", "redis_always_64"),
         ("Redis XADD, appendfsync no", "redis_no_1", "redis_no_64"),

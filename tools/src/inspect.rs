@@ -17,9 +17,10 @@ Exit status: 0 shown; 1 error (missing or unformatted device); 3 damage found (a
 superblock pair or damage inside acknowledged data)."
 )]
 pub struct InspectArgs {
-    /// The device: `file:<path>` (or a plain path).
-    #[arg(long)]
-    pub device: String,
+    /// The device: `file:<path>` (or a plain path). Repeat it for each device of a broker that
+    /// has several.
+    #[arg(long, required = true, action = clap::ArgAction::Append)]
+    pub device: Vec<String>,
     /// Also list every retained record with its log position, partition and offset.
     #[arg(long)]
     pub records: bool,
@@ -110,11 +111,15 @@ struct Report {
 }
 
 pub fn run(a: InspectArgs) -> Result<Status> {
+    crate::each_device(&a.device, a.json, |d| run_one(&a, d))
+}
+
+fn run_one(a: &InspectArgs, device: &str) -> Result<Status> {
     let pb = crate::progress::bytes_bar(0, "reading the log");
-    let (mut dev, spec) = examined::open_read_only(&a.device, &pb)?;
+    let (mut dev, spec) = examined::open_read_only(device, &pb)?;
     let ex = examined::examine(&mut dev, &pb);
     let mut report = Report {
-        device_spec: a.device.clone(),
+        device_spec: device.to_string(),
         device: DeviceReport::new(blockdev::BlockDevice::info(&dev), spec.backend()),
         superblocks: ex.copy_reports(),
         superblock: recovery::choose(&ex.copies)
@@ -145,7 +150,7 @@ pub fn run(a: InspectArgs) -> Result<Status> {
             } else {
                 print_copies(&report);
             }
-            return Err(anyhow!("{}: {}", a.device, err.unwrap_or_default()));
+            return Err(anyhow!("{}: {}", device, err.unwrap_or_default()));
         }
         Err(e) => {
             report.error = Some(e.to_string());

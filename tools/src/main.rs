@@ -96,6 +96,38 @@ impl Status {
     }
 }
 
+/// Runs a command's work on each of its devices in turn (a broker with several devices is checked
+/// or formatted as a set): the worst status wins, and the first error is returned after every
+/// device had its turn.
+fn each_device(
+    devices: &[String],
+    json: bool,
+    mut one: impl FnMut(&str) -> anyhow::Result<Status>,
+) -> anyhow::Result<Status> {
+    let mut worst = Status::Ok;
+    let mut first_err = None;
+    for (i, d) in devices.iter().enumerate() {
+        if devices.len() > 1 && !json {
+            println!("== device {i}: {d}");
+        }
+        match one(d) {
+            Ok(s) if s.code() > worst.code() => worst = s,
+            Ok(_) => {}
+            Err(e) if devices.len() > 1 => {
+                eprintln!("error: device {i} ({d}): {e:#}");
+                first_err.get_or_insert(e.context(format!("device {i} ({d})")));
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(worst),
+    }
+}
+
 fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let argv = match config::merge(argv, &Cli::command()) {

@@ -18,9 +18,10 @@ use crate::Status;
 Exit status: 0 formatted; 1 refused or failed (the device is left as it was).")]
 pub struct FormatArgs {
     /// The device to format: `file:<path>` (a regular file or a block device node) or
-    /// `sim[:capacity=...]` (in memory: the format is gone when the command exits).
-    #[arg(long)]
-    pub device: String,
+    /// `sim[:capacity=...]` (in memory: the format is gone when the command exits). Repeat it
+    /// to format each device of a broker that has several.
+    #[arg(long, required = true, action = clap::ArgAction::Append)]
+    pub device: Vec<String>,
     /// Create the file first with this size (e.g. 512M, 4G; a multiple of 4 KiB), zero-filled.
     /// Only for `file:<path>` that does not exist yet.
     #[arg(long, value_parser = parse_size)]
@@ -53,7 +54,11 @@ struct FormatReport {
 }
 
 pub fn run(a: FormatArgs) -> Result<Status> {
-    let spec: DeviceSpec = a.device.parse()?;
+    crate::each_device(&a.device, a.json, |d| run_one(&a, d))
+}
+
+fn run_one(a: &FormatArgs, device: &str) -> Result<Status> {
+    let spec: DeviceSpec = device.parse()?;
     let max_batch = u32::try_from(a.max_batch)
         .map_err(|_| anyhow!("--max-batch {} is larger than 4 GiB", a.max_batch))?;
     let opts = FormatOptions {
@@ -92,7 +97,7 @@ pub fn run(a: FormatArgs) -> Result<Status> {
                 }
             }
             if !a.force {
-                refuse_existing_log(&mut *dev, &a.device)?;
+                refuse_existing_log(&mut *dev, device)?;
             }
             // A plain call; the Result is checked just below.
             let _ = format_into(&mut *dev, &opts, &mut formatted);
@@ -101,19 +106,19 @@ pub fn run(a: FormatArgs) -> Result<Status> {
     };
     let sb = match formatted {
         Some(Ok(sb)) => sb,
-        Some(Err(e)) => return Err(anyhow!(e).context(format!("formatting {}", a.device))),
+        Some(Err(e)) => return Err(anyhow!(e).context(format!("formatting {}", device))),
         None => bail!(
             "formatting {}: the device was opened but not formatted",
-            a.device
+            device
         ),
     };
     let report = FormatReport {
-        device_spec: a.device.clone(),
+        device_spec: device.to_string(),
         created,
         device: DeviceReport::new(dev.info(), spec.backend()),
         geometry: GeometryReport::new(&sb),
     };
-    tracing::info!(device = %a.device, format_id = %report.geometry.format_id, log_size = sb.log_size, created, "formatted");
+    tracing::info!(device = %device, format_id = %report.geometry.format_id, log_size = sb.log_size, created, "formatted");
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -59,6 +59,10 @@ pub struct ServeArgs {
     /// Do not pin loop i to core i.
     #[arg(long)]
     pub no_pin: bool,
+    /// How long a loop with device I/O in flight keeps polling before it sleeps (e.g. 50us; 0:
+    /// it sleeps at once). Trades a core's time for the cost of waking up.
+    #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "0")]
+    pub spin: Duration,
     /// Serve Prometheus metrics on http://<addr>/metrics (e.g. 127.0.0.1:9464).
     #[arg(long)]
     pub metrics_addr: Option<String>,
@@ -172,6 +176,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let opts = frontend::ServerOptions {
         loops: args.loops,
         pin: !args.no_pin,
+        spin: args.spin,
         queue_capacity: queue,
         ..frontend::ServerOptions::default()
     };

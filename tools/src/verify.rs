@@ -26,9 +26,10 @@ reported); 1 error (missing or unformatted device); 3 damage inside acknowledged
 superblocks, with positions."
 )]
 pub struct VerifyArgs {
-    /// The device: `file:<path>` (or a plain path).
-    #[arg(long)]
-    pub device: String,
+    /// The device: `file:<path>` (or a plain path). Repeat it for each device of a broker that
+    /// has several.
+    #[arg(long, required = true, action = clap::ArgAction::Append)]
+    pub device: Vec<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -59,11 +60,15 @@ struct Report {
 }
 
 pub fn run(a: VerifyArgs) -> Result<Status> {
+    crate::each_device(&a.device, a.json, |d| run_one(&a, d))
+}
+
+fn run_one(a: &VerifyArgs, device: &str) -> Result<Status> {
     let pb = crate::progress::bytes_bar(0, "verifying");
-    let (mut dev, _spec) = examined::open_read_only(&a.device, &pb)?;
+    let (mut dev, _spec) = examined::open_read_only(device, &pb)?;
     let ex = examined::examine(&mut dev, &pb);
     let mut report = Report {
-        device_spec: a.device.clone(),
+        device_spec: device.to_string(),
         superblocks: ex.copy_reports(),
         verdict: "ok",
         head: None,
@@ -107,7 +112,7 @@ pub fn run(a: VerifyArgs) -> Result<Status> {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             }
-            return Err(anyhow!("{}: {err}", a.device));
+            return Err(anyhow!("{}: {err}", device));
         }
         Err(err) => {
             report.verdict = "damage";
@@ -139,10 +144,10 @@ pub fn run(a: VerifyArgs) -> Result<Status> {
     pb.finish_and_clear();
     match report.damage.first() {
         Some(d) => {
-            tracing::error!(device = %a.device, position = d.position, what = %d.what, places = report.damage.len(), "damage inside acknowledged data")
+            tracing::error!(device = %device, position = d.position, what = %d.what, places = report.damage.len(), "damage inside acknowledged data")
         }
         None => {
-            tracing::info!(device = %a.device, verdict = report.verdict, tail = report.tail, "verified")
+            tracing::info!(device = %device, verdict = report.verdict, tail = report.tail, "verified")
         }
     }
     if a.json {

@@ -411,3 +411,29 @@ fn inspect_and_verify_run_beside_a_writer_that_format_and_a_second_writer_are_re
     let format = nvmq(&["format", "--device", &spec(&p), "--force"]);
     assert_eq!(format.code, 0, "{format}");
 }
+
+#[test]
+fn format_inspect_and_verify_take_every_device_of_a_broker() {
+    let d = temp_dir("devices");
+    let (a, b) = (d.join("a.img"), d.join("b.img"));
+    let (sa, sb) = (spec(&a), spec(&b));
+    let r = nvmq(&["format", "--device", &sa, "--device", &sb, "--size", "32M"]);
+    assert_eq!(r.code, 0, "{r}");
+    assert!(
+        r.stdout.contains(&format!("== device 0: {sa}"))
+            && r.stdout.contains(&format!("== device 1: {sb}")),
+        "{r}"
+    );
+    assert!(a.exists() && b.exists());
+    let r = nvmq(&["inspect", "--device", &sa, "--device", &sb, "--json"]);
+    assert_eq!(r.code, 0, "{r}");
+    let lines: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with('{')).collect();
+    assert_eq!(lines.len(), 2, "one JSON object per device: {r}");
+    let r = nvmq(&["verify", "--device", &sa, "--device", &sb]);
+    assert_eq!(r.code, 0, "{r}");
+    // One bad device among good ones: the command says which, and fails.
+    let missing = spec(&d.join("missing.img"));
+    let r = nvmq(&["verify", "--device", &sa, "--device", &missing]);
+    assert_eq!(r.code, 1, "{r}");
+    assert!(r.stderr.contains("device 1"), "{r}");
+}

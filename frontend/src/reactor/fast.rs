@@ -171,8 +171,10 @@ pub(crate) fn produce(
     let b = &lp.broker;
     let acks = req.acks;
     let ctx = Ctx {
+        api: c.api,
+        version: c.version,
+        correlation_id: c.correlation_id,
         client_id: String::new(),
-        ..c.clone()
     };
     let mut slot = ProduceSlot {
         ctx,

@@ -46,6 +46,10 @@ pub struct ServerOptions {
     /// Payload bytes a loop lets its connections have queued or in flight in the writers; a
     /// connection stops reading Produce requests while its loop is over it.
     pub append_budget: usize,
+    /// How long a loop with device I/O in flight and nothing else to do keeps polling before it
+    /// sleeps (0: it sleeps at once). Polling costs the core; a wake-up from sleep costs latency,
+    /// much of it on a virtual machine.
+    pub spin: Duration,
 }
 
 impl Default for ServerOptions {
@@ -55,6 +59,7 @@ impl Default for ServerOptions {
             pin: true,
             queue_capacity: 4096,
             append_budget: 64 << 20,
+            spin: Duration::ZERO,
         }
     }
 }

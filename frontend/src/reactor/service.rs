@@ -7,7 +7,7 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blockdev::BlockDevice;
 use bytes::Bytes;
@@ -367,6 +367,8 @@ struct Waits {
     moved: bool,
     /// A device that has no completion fd has I/O in flight: poll again soon.
     spin: bool,
+    /// I/O is in flight on a device that has a completion fd.
+    io_in_flight: bool,
     /// The earliest time a writer wants a turn anyway.
     after: Option<Duration>,
 }
@@ -386,6 +388,7 @@ impl Waits {
                 if io_in_flight && !d.has_fd() {
                     self.spin = true;
                 }
+                self.io_in_flight |= io_in_flight;
                 self.after = Some(self.after.map_or(after, |a| a.min(after)));
                 true
             }
@@ -439,6 +442,8 @@ async fn service(ctx: Rc<LoopCtx>) {
     let mut inbox = Inbox::default();
     let mut acks: Vec<TokenAck> = Vec::new();
     let mut stopping_seen = false;
+    let spin_budget = ctx.server.opts.spin;
+    let mut spin_since: Option<Instant> = None;
     loop {
         if ctx.server.killed.load(Ordering::SeqCst) {
             return;
@@ -490,6 +495,16 @@ async fn service(ctx: Rc<LoopCtx>) {
         }
         if !ctx.outbox_empty() {
             ctx.flush_outbox();
+        }
+        // Briefly poll instead of sleeping while a completion is due soon (`ServerOptions::spin`):
+        // on a virtual machine a wake-up from sleep costs more than the poll.
+        if waits.moved {
+            spin_since = None;
+        } else if waits.io_in_flight && !spin_budget.is_zero() {
+            let since = *spin_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < spin_budget {
+                waits.spin = true;
+            }
         }
         if stopping_seen && ctx.drivers.borrow().is_empty() && ctx.routes.borrow().is_empty() {
             // This loop's writers are done and every append it sent was answered; acks for
