@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use blockdev::BlockDevice;
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
+use crate::shared::Shared;
 use crate::writer::{Now, Request, Writer};
 use crate::{mkfs, LogError};
 
@@ -27,6 +28,11 @@ pub trait Doorbell: Send + Sync {
 pub(crate) struct Queue {
     pub tx: Sender<Request>,
     pub bell: Option<Arc<dyn Doorbell>>,
+    /// The queue's other end, to answer what a request sent after the writer's last look at
+    /// the queue would otherwise wait for for ever (a channel keeps messages while it has a
+    /// sender, even with no receiver left).
+    pub rx: Receiver<Request>,
+    pub shared: Arc<Shared>,
 }
 
 impl Queue {
@@ -34,6 +40,13 @@ impl Queue {
         self.tx.send(req).map_err(|_| LogError::Shutdown)?;
         if let Some(b) = &self.bell {
             b.ring();
+        }
+        // The writer marks itself gone before its last look at the queue: if it is gone now, this
+        // request may have come after that look, and nobody else will answer it.
+        if self.shared.writer_gone() {
+            while let Ok(r) = self.rx.try_recv() {
+                refuse(r, gone(&self.shared));
+            }
         }
         Ok(())
     }
@@ -158,14 +171,32 @@ impl<D: BlockDevice> Hosted<D> {
     }
 
     fn stop(&mut self) -> Turn {
+        // Gone first, then a last look: a request sent after that look finds the mark and is
+        // answered by its sender (`Queue::send`).
+        self.writer.shared().mark_writer_gone();
         // Whoever still waits in the queue hears that the log is gone.
+        let shared = self.writer.shared();
         while let Ok(r) = self.rx.try_recv() {
-            refuse(r, LogError::Shutdown);
+            refuse(r, gone(&shared));
         }
         self.stopped = true;
         self.writer.shared().lock().stopped = true;
         self.writer.shared().notify();
         Turn::Stopped
+    }
+
+    /// Sleeps on the doorbell and the device's completion fd until a request, a completion or
+    /// `after`.
+    #[cfg(unix)]
+    fn sleep_on(&mut self, bell: &WakeBell, after: Duration) {
+        bell.arm();
+        // A request queued before the bell was armed rang nobody: look once more.
+        if !self.rx.is_empty() {
+            bell.disarm();
+            return;
+        }
+        bell.sleep(self.writer.device().completion_fd(), after);
+        bell.disarm();
     }
 
     /// Blocks the calling thread until a request arrives, a completion is ready or `after`
@@ -198,6 +229,14 @@ impl<D: BlockDevice> Drop for Hosted<D> {
     }
 }
 
+/// Why a request the writer will never take is refused: its fatal error, or a shutdown.
+fn gone(shared: &Shared) -> LogError {
+    match &shared.lock().fatal {
+        Some(f) => LogError::WriterStopped(f.clone()),
+        None => LogError::Shutdown,
+    }
+}
+
 /// Answers a request the writer will never take.
 fn refuse(req: Request, err: LogError) {
     match req {
@@ -207,19 +246,35 @@ fn refuse(req: Request, err: LogError) {
     }
 }
 
-/// How long the writer thread waits on the device before looking at the request queue again.
-/// Appends that arrive while a flush runs are picked up within this slice.
+/// How long the writer thread waits on the device before looking at the request queue again,
+/// on a device without a completion fd (or without a doorbell): appends that arrive while a
+/// flush runs are picked up within this slice.
 const DEVICE_WAIT_SLICE: Duration = Duration::from_micros(100);
 
-/// The writer thread: turn, and wait on the device or the queue in between.
-pub(crate) fn run_thread<D: BlockDevice>(mut h: Hosted<D>) {
+/// The writer thread's doorbell (see `bell`).
+#[cfg(unix)]
+pub(crate) type WakeBell = crate::bell::ThreadBell;
+/// No doorbell off unix: the thread waits in slices.
+#[cfg(not(unix))]
+pub(crate) enum WakeBell {}
+
+/// The writer thread: turn, and wait between turns. With a doorbell and a device that has a
+/// completion fd it sleeps on both at once, so a request or a completion wakes it at once;
+/// otherwise it waits on the device in slices and on the queue in turn.
+pub(crate) fn run_thread<D: BlockDevice>(mut h: Hosted<D>, bell: Option<Arc<WakeBell>>) {
     loop {
         match h.turn() {
             Turn::Moved => {}
             Turn::Idle {
                 io_in_flight,
                 after,
-            } => h.wait_on_thread(io_in_flight, after),
+            } => match &bell {
+                #[cfg(unix)]
+                Some(b) if !h.closing && h.writer.device().completion_fd().is_some() => {
+                    h.sleep_on(b, after)
+                }
+                _ => h.wait_on_thread(io_in_flight, after),
+            },
             Turn::Stopped => return,
         }
     }

@@ -5,6 +5,8 @@
 
 pub mod backfill;
 pub mod batch;
+#[cfg(unix)]
+mod bell;
 pub mod cache;
 pub mod config;
 mod error;
@@ -56,11 +58,24 @@ impl Log {
     /// Starts the writer on its own thread. The thread owns the device (SPDK-style): producers
     /// hand it appends over a bounded channel, so a full queue makes them wait.
     pub fn start<D: BlockDevice + 'static>(writer: Writer<D>, queue_capacity: usize) -> Log {
-        let (mut log, hosted) = Log::with_queue(writer, queue_capacity, None);
+        // The thread sleeps on its doorbell and the device's completion fd together, where it
+        // has both; otherwise it looks at the queue and the device in turn.
+        #[cfg(unix)]
+        let bell = match bell::ThreadBell::new() {
+            Ok(b) => Some(Arc::new(b)),
+            Err(e) => {
+                tracing::warn!(error = %e, "no doorbell for the writer thread; it waits in slices");
+                None
+            }
+        };
+        #[cfg(not(unix))]
+        let bell: Option<Arc<host::WakeBell>> = None;
+        let queue_bell = bell.clone().map(|b| b as Arc<dyn Doorbell>);
+        let (mut log, hosted) = Log::with_queue(writer, queue_capacity, queue_bell);
         let shared = log.shared.clone();
         let thread = std::thread::Builder::new()
             .name("nvmq-writer".into())
-            .spawn(move || host::run_thread(hosted));
+            .spawn(move || host::run_thread(hosted, bell));
         log.thread = match thread {
             Ok(t) => Some(t),
             Err(e) => {
@@ -89,7 +104,12 @@ impl Log {
         bell: Option<Arc<dyn Doorbell>>,
     ) -> (Log, Hosted<D>) {
         let (tx, rx) = bounded(queue_capacity.max(1));
-        let queue = Queue { tx, bell };
+        let queue = Queue {
+            tx,
+            bell,
+            rx: rx.clone(),
+            shared: writer.shared(),
+        };
         let shared = writer.shared();
         let backfill = writer.take_backfill();
         let scrub_rate = writer.config().scrub_rate;
@@ -297,6 +317,10 @@ impl Log {
         let bell = queue.bell.clone();
         drop(queue);
         if let Some(t) = self.thread.take() {
+            // A thread asleep on its doorbell looks at its queue (closed now) when rung.
+            if let Some(b) = &bell {
+                b.ring();
+            }
             let _ = t.join();
         } else if let Some(bell) = bell {
             // The owner sees the queue closed on its next turn, finishes, and marks the log

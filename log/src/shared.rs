@@ -125,6 +125,8 @@ pub struct Shared {
     close: AtomicBool,
     /// Threads in `wait_until`: `notify` makes no system call when there are none.
     waiters: AtomicUsize,
+    /// The writer takes no more requests (it stopped, or its owner dropped it).
+    writer_gone: AtomicBool,
 }
 
 impl Shared {
@@ -139,6 +141,16 @@ impl Shared {
     /// Asks the writer to finish what it holds and stop.
     pub fn request_close(&self) {
         self.close.store(true, Ordering::SeqCst);
+    }
+
+    /// The writer takes no more requests from now on.
+    pub fn mark_writer_gone(&self) {
+        self.writer_gone.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the writer takes no more requests.
+    pub fn writer_gone(&self) -> bool {
+        self.writer_gone.load(Ordering::SeqCst)
     }
 
     /// Whether the log was asked to close.
