@@ -120,6 +120,9 @@ fn cut_line(m: &CycleCut) -> String {
     seal(&format!("cut {} sent {}", m.cycle, m.sent))
 }
 
+/// How long opening a ledger waits for its lock before calling it busy.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Ledger {
     /// Opens the file at `path` to append: a new one (refusing an existing file), or an existing
     /// one (refusing a missing file).
@@ -139,12 +142,23 @@ impl Ledger {
             })?;
         // Held while this controller appends (released when the file closes, also when the
         // controller dies): two controllers appending to one ledger would interleave their runs.
-        file.try_lock().map_err(|e| match e {
-            std::fs::TryLockError::WouldBlock => LedgerError::Busy {
-                path: path.to_path_buf(),
-            },
-            std::fs::TryLockError::Error(e) => io_error(path, "locking")(e),
-        })?;
+        // A lock still held for a moment is waited for: a process forked while the file was
+        // open holds its description until it execs (or a dead controller's until it is reaped).
+        let waited = std::time::Instant::now();
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if waited.elapsed() < LOCK_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(LedgerError::Busy {
+                        path: path.to_path_buf(),
+                    })
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(io_error(path, "locking")(e)),
+            }
+        }
         Ok(Ledger {
             file,
             path: path.to_path_buf(),
