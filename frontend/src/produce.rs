@@ -136,15 +136,8 @@ async fn start_partition(
         waits.extend(batches.iter().map(|_| Wait::Ceiling));
         return None;
     }
-    let max = b.log_of(pid).max_payload();
-    if let Some((info, _)) = batches.iter().find(|(_, bytes)| bytes.len() > max) {
-        return Some((
-            codes::MESSAGE_TOO_LARGE,
-            format!(
-                "record batch of {} bytes exceeds the {max}-byte limit",
-                info.len
-            ),
-        ));
+    if let Some(refused) = oversized(&batches, b.log_of(pid).max_payload()) {
+        return Some(refused);
     }
     for (info, bytes) in batches {
         match b.producers.check(pid, &info) {
@@ -172,6 +165,21 @@ async fn start_partition(
         }
     }
     None
+}
+
+/// MESSAGE_TOO_LARGE for the first batch larger than a record of the log may be.
+pub(crate) fn oversized(
+    batches: &[(crate::batch::BatchInfo, &[u8])],
+    max: usize,
+) -> Option<(i16, String)> {
+    let (info, _) = batches.iter().find(|(_, bytes)| bytes.len() > max)?;
+    Some((
+        codes::MESSAGE_TOO_LARGE,
+        format!(
+            "record batch of {} bytes exceeds the {max}-byte limit",
+            info.len
+        ),
+    ))
 }
 
 /// Waits for the partition's batches; (error code, base offset of the first).

@@ -2,46 +2,27 @@
 //! the writer of its own device (on its own event loop), read back from the right one, and found
 //! again on the right device after a restart, with each device's producer snapshots.
 
-use std::time::Duration;
+mod common;
 
-use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice, SimHandle};
+use blockdev::sim::{SimDevice, SimHandle};
 use bytes::Bytes;
 use frontend::client::{record_batch, Client};
-use frontend::{Config, PartRef, Server, ServerOptions};
+use frontend::{Config, PartRef, Server};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{CreateTopicsRequest, FetchRequest, ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use nvmq_log::{FormatOptions, LogConfig};
 
 const TOPIC: &str = "spread";
 const PARTITIONS: i32 = 6;
 
 fn device(seed: u64) -> (SimDevice, SimHandle) {
-    let mut c = SimConfig::new(seed, 64 << 20);
-    c.flush_latency = Latency::Fixed(Duration::from_micros(100));
-    c.clock = SimClock::real();
-    let (mut dev, handle) = SimDevice::new(c);
-    nvmq_log::mkfs::format(&mut dev, &FormatOptions::default()).expect("format");
-    (dev, handle)
+    common::sim_device(seed, 64 << 20, 100)
 }
 
-/// Serves the devices, device i on loop i.
 fn serve(devs: Vec<SimDevice>) -> Server {
-    let lc = LogConfig::default();
-    let writers = devs
-        .into_iter()
-        .map(|d| recovery::open(d, lc.clone()).expect("open").0)
-        .collect();
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let opts = ServerOptions {
-        loops: 2,
-        pin: false,
-        queue_capacity: lc.queue_capacity,
-        ..ServerOptions::default()
-    };
-    Server::start(writers, l, Config::default(), opts).expect("server")
+    common::serve_devices(devs, Config::default())
 }
 
 fn name() -> TopicName {

@@ -3,10 +3,12 @@
 //! nothing to replay, and a crash that cuts the log below a snapshot neither loses nor invents
 //! state (checked against a full replay of what the log holds).
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice, SimHandle};
+use blockdev::sim::{SimDevice, SimHandle};
 use bytes::Bytes;
 use frontend::client::{record_batch, Client};
 use frontend::meta::{MetaRecord, ProducerSnap, ProducerStatePart, StoredBatch};
@@ -16,17 +18,12 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{MetadataRequest, ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use nvmq_log::{FlushMode, FormatOptions, LogConfig};
+use nvmq_log::{FlushMode, LogConfig};
 
 const TOPIC: &str = "idem";
 
 fn device(seed: u64) -> (SimDevice, SimHandle) {
-    let mut c = SimConfig::new(seed, 64 << 20);
-    c.flush_latency = Latency::Fixed(Duration::from_micros(100));
-    c.clock = SimClock::real();
-    let (mut dev, handle) = SimDevice::new(c);
-    nvmq_log::mkfs::format(&mut dev, &FormatOptions::default()).expect("format");
-    (dev, handle)
+    common::sim_device(seed, 64 << 20, 100)
 }
 
 /// A broker serving the log on `dev` (dropping it stops it like a crash).

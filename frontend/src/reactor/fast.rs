@@ -269,15 +269,8 @@ fn start_partition(
         pa.base = 0;
         return None;
     }
-    let max = b.log_of(pid).max_payload();
-    if let Some((info, _)) = batches.iter().find(|(_, bytes)| bytes.len() > max) {
-        return Some((
-            codes::MESSAGE_TOO_LARGE,
-            format!(
-                "record batch of {} bytes exceeds the {max}-byte limit",
-                info.len
-            ),
-        ));
+    if let Some(refused) = crate::produce::oversized(&batches, b.log_of(pid).max_payload()) {
+        return Some(refused);
     }
     for (i, (info, bytes)) in batches.into_iter().enumerate() {
         let batch = i as u16;

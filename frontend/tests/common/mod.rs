@@ -5,17 +5,22 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice};
+use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice, SimHandle};
 use frontend::{Broker, Config, Server, ServerOptions};
 use nvmq_log::{FormatOptions, Log, LogConfig};
 
-fn device() -> SimDevice {
-    let mut c = SimConfig::new(7, 128 << 20);
-    c.flush_latency = Latency::Fixed(Duration::from_micros(200));
+/// A formatted sim device on a real clock with a flush of `flush_us`.
+pub fn sim_device(seed: u64, capacity: u64, flush_us: u64) -> (SimDevice, SimHandle) {
+    let mut c = SimConfig::new(seed, capacity);
+    c.flush_latency = Latency::Fixed(Duration::from_micros(flush_us));
     c.clock = SimClock::real();
-    let (mut dev, _h) = SimDevice::new(c);
+    let (mut dev, h) = SimDevice::new(c);
     nvmq_log::mkfs::format(&mut dev, &FormatOptions::default()).expect("format");
-    dev
+    (dev, h)
+}
+
+fn device() -> SimDevice {
+    sim_device(7, 128 << 20, 200).0
 }
 
 /// A broker over a log on its own writer thread, not serving (requests are started directly).
@@ -28,8 +33,16 @@ pub fn broker(cfg: Config) -> Arc<Broker> {
 
 /// Serves the log on `dev` on an ephemeral port with two event loops.
 pub fn server_on(dev: SimDevice, cfg: Config) -> Server {
+    serve_devices(vec![dev], cfg)
+}
+
+/// Serves one log per device (device i on loop i mod 2) on an ephemeral port.
+pub fn serve_devices(devs: Vec<SimDevice>, cfg: Config) -> Server {
     let lc = LogConfig::default();
-    let (w, _) = recovery::open(dev, lc.clone()).expect("open");
+    let writers = devs
+        .into_iter()
+        .map(|d| recovery::open(d, lc.clone()).expect("open").0)
+        .collect();
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let opts = ServerOptions {
         loops: 2,
@@ -37,7 +50,7 @@ pub fn server_on(dev: SimDevice, cfg: Config) -> Server {
         queue_capacity: lc.queue_capacity,
         ..ServerOptions::default()
     };
-    Server::start(vec![w], l, cfg, opts).expect("server")
+    Server::start(writers, l, cfg, opts).expect("server")
 }
 
 /// Starts serving a fresh sim device; returns the address and the server (dropping it stops it).

@@ -53,8 +53,16 @@ pub(super) fn answer_into(
     }
 }
 
+/// Acknowledges a batch's appends unless that was done (in a relaxed mode, at write completion).
+pub(super) fn ack_once(shared: &Shared, tokens: &mut Vec<TokenAck>, b: &mut InFlight) {
+    if !b.acked {
+        b.acked = true;
+        ack_all(shared, tokens, &mut b.acks, b.payload_bytes);
+    }
+}
+
 /// Acknowledges a batch's appends, in order, and counts them.
-pub(super) fn ack_all(
+fn ack_all(
     shared: &Shared,
     tokens: &mut Vec<TokenAck>,
     acks: &mut Vec<AckEntry>,

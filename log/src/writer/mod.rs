@@ -39,7 +39,7 @@ mod reads;
 mod settle;
 mod space;
 
-use ack::ack_all;
+use ack::ack_once;
 pub use ack::{Ack, AckFn, TokenAck};
 /// Called once with the bytes of a log range, or why they could not be read.
 pub type ReadFn = Box<dyn FnOnce(Result<Vec<u8>, LogError>) + Send>;

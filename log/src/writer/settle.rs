@@ -104,15 +104,7 @@ impl<D: BlockDevice> Writer<D> {
                 if b.end > self.written_through {
                     break;
                 }
-                if !b.acked {
-                    b.acked = true;
-                    ack_all(
-                        &self.shared,
-                        &mut self.token_acks,
-                        &mut b.acks,
-                        b.payload_bytes,
-                    );
-                }
+                ack_once(&self.shared, &mut self.token_acks, b);
             }
         }
         self.publish_durable();
@@ -173,15 +165,7 @@ impl<D: BlockDevice> Writer<D> {
                 self.checkpoint_in_flight = false;
                 self.durable_checkpoint = Some((b.position, b.link));
             }
-            if !b.acked {
-                b.acked = true;
-                ack_all(
-                    &self.shared,
-                    &mut self.token_acks,
-                    &mut b.acks,
-                    b.payload_bytes,
-                );
-            }
+            ack_once(&self.shared, &mut self.token_acks, &mut b);
         }
     }
 
