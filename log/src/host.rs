@@ -103,6 +103,12 @@ impl<D: BlockDevice> Hosted<D> {
         self.rx.clone()
     }
 
+    /// Nothing is on the device and nothing waits but what was just appended: a turn now sends
+    /// it at once (the owner need not wait for its next pass).
+    pub fn quiet(&self) -> bool {
+        !self.writer.has_io_in_flight() && !self.writer.has_completions()
+    }
+
     /// D as the writer sees it.
     pub fn durable(&self) -> u64 {
         self.writer.durable()

@@ -159,9 +159,18 @@ impl Conns {
     }
 }
 
-/// Accepts connections (on loop 0) and hands them round the loops.
+/// Accepts connections (on loop 0) and hands them round the loops that host a device: a
+/// connection's appends then reach a writer on its own loop, or cross to one other loop (a loop
+/// without a device would send every append across; measured on the 2-core development machine,
+/// one device: 52.9k acks/s at 64 producers with every connection on the device's loop against
+/// 37.4k dealt over both loops).
 pub(crate) async fn accept(ctx: Rc<LoopCtx>, listener: TcpListener) {
-    let loops = ctx.server.bells.len();
+    let mut targets: Vec<usize> = ctx.server.device_loop.clone();
+    targets.sort_unstable();
+    targets.dedup();
+    if targets.is_empty() {
+        targets.push(0);
+    }
     loop {
         if ctx.server.stopping.load(Ordering::SeqCst) {
             return;
@@ -172,8 +181,9 @@ pub(crate) async fn accept(ctx: Rc<LoopCtx>, listener: TcpListener) {
         };
         match accepted {
             Ok((stream, _)) => {
-                let target = ctx.conns.next_loop.get() % loops;
-                ctx.conns.next_loop.set(target + 1);
+                let i = ctx.conns.next_loop.get();
+                ctx.conns.next_loop.set(i.wrapping_add(1));
+                let target = targets[i % targets.len()];
                 if target == ctx.id {
                     spawn(&ctx, stream);
                     continue;

@@ -15,6 +15,8 @@ use tokio::io::Interest;
 pub trait Driver {
     fn append(&mut self, partition: u32, payload: Bytes, span: u32, token: u64);
     fn turn(&mut self) -> Turn;
+    /// Nothing on the device: an append turned at once goes out at once.
+    fn quiet(&self) -> bool;
     fn drain_acks(&mut self, out: &mut Vec<TokenAck>);
     /// D as the writer has published it.
     fn durable(&self) -> u64;
@@ -66,6 +68,10 @@ impl<D: BlockDevice> Driver for HostedDriver<D> {
 
     fn turn(&mut self) -> Turn {
         self.hosted.turn()
+    }
+
+    fn quiet(&self) -> bool {
+        self.hosted.quiet()
     }
 
     fn drain_acks(&mut self, out: &mut Vec<TokenAck>) {

@@ -119,7 +119,16 @@ impl LoopCtx {
                 producer,
                 bytes,
             }) as u64;
-            self.drive(device, |d| d.append(partition, payload, span, token));
+            // An idle device gets the append at once (a lone producer waits for no pass); one
+            // already busy collects appends for its next batch, group commit as usual. The acks
+            // such a turn produces wait for the service's pass (the request's slot is not in its
+            // connection's FIFO yet).
+            self.drive(device, |d| {
+                d.append(partition, payload, span, token);
+                if d.quiet() {
+                    d.turn();
+                }
+            });
             self.kick.notify_one();
             return;
         }
