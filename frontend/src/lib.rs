@@ -1,6 +1,7 @@
 //! nvmq's Kafka protocol frontend: a tokio TCP server that speaks the Kafka wire protocol (a
 //! subset: see `versions::TABLE`) over the shared log. Produced RecordBatches are stored whole as
 //! log records spanning their messages; acks go out only after the flush that covers them.
+#![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod batch;

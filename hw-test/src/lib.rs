@@ -2,6 +2,7 @@
 //! bound to vfio-pci, runs host-built binaries in it and reports each one's output and exit code.
 //! `nbd` is the power-cut NBD server; `powercut` the power-cut validation controller (`nvmq-rig`)
 //! and its in-process sim broker.
+#![forbid(unsafe_code)]
 pub mod nbd;
 pub mod powercut;
 pub mod qemu;

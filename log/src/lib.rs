@@ -2,6 +2,7 @@
 //!
 //! One log serves every partition of a device, so one flush covers them all. Opening a device
 //! after a crash is the `recovery` crate's job; it hands the writer a [`Resume`].
+#![forbid(unsafe_code)]
 
 pub mod backfill;
 pub mod batch;

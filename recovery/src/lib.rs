@@ -1,6 +1,7 @@
 //! Opening an nvmq log after any stop (storage.md §5): flush, choose the superblock, scan from the
 //! recovery point, tell a torn tail from damage in acknowledged data, cut the tail, and fence the
 //! cut with a new epoch before the writer takes a single append.
+#![forbid(unsafe_code)]
 
 mod choose;
 mod cursor;

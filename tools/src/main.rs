@@ -1,4 +1,5 @@
 //! The `nvmq` command.
+#![forbid(unsafe_code)]
 
 mod bench;
 mod bench_recovery;

@@ -3,6 +3,7 @@
 //! namespace's block sizes. Exit codes: 0 ok, 2 the named function is missing or not an NVMe
 //! controller, 3 `--require-vfio` was given and the function is not usable through VFIO.
 //! `--serve <port>` then answers one TCP connection (for checking the rig's port forwarding).
+#![forbid(unsafe_code)]
 use std::fs::{self, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;

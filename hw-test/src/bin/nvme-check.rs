@@ -3,6 +3,7 @@
 //! the device contract suite every backend passes (`blockdev::contract`, as `CHECK contract:<name>`)
 //! against the real (or QEMU-emulated) controller, one line per check, then `NVME-CHECK PASS` or
 //! `NVME-CHECK FAIL` (exit status 1). It overwrites data on the namespace.
+#![forbid(unsafe_code)]
 
 #[cfg(target_os = "linux")]
 fn main() {

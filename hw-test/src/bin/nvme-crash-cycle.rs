@@ -10,6 +10,7 @@
 //! The controller is left enabled, with I/O queues and commands in flight, by every killed child;
 //! the next one must reset it. Killing a process loses nothing QEMU already wrote, so this tests
 //! process crashes, recovery and controller reset, not power cuts.
+#![forbid(unsafe_code)]
 
 #[cfg(target_os = "linux")]
 fn main() {

@@ -2,6 +2,7 @@
 //!
 //! Serve:   nvmq-nbd --image nbd.img --socket nbd.sock [--tcp 127.0.0.1:10809] [--seed 1]
 //! Control: nvmq-nbd --control nbd.sock.ctl --send 'cut 42'   (or `stats`, `ping`)
+#![forbid(unsafe_code)]
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -1,5 +1,6 @@
 //! Boots the QEMU rig once and runs the given commands in the guest, e.g.
 //! `nvmq-qemu-rig --lba 4096 --host target/debug/guest-probe --host-arg=--require-vfio`.
+#![forbid(unsafe_code)]
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;

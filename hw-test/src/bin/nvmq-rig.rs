@@ -5,6 +5,7 @@
 //! every ack on it is checked first, then the cycles go on, appending to the same ledger.
 //! Exit status: 0 pass; 1 error (bad flag, broker not back, ledger failure); 3 an acknowledged
 //! record lost or a served record failing its checksum.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
