@@ -25,7 +25,8 @@ struct RecoveryFigures {
 
 /// Everything `/metrics` shows.
 pub struct Metrics {
-    log: Mutex<Option<(Arc<Shared>, Geometry)>>,
+    /// Every device's log, in device order.
+    logs: Mutex<Vec<(Arc<Shared>, Geometry)>>,
     recovery: Mutex<Option<RecoveryFigures>>,
 }
 
@@ -35,17 +36,28 @@ impl Default for Metrics {
     }
 }
 
+/// One device's figures, read once per scrape.
+struct DeviceFigures {
+    stats: nvmq_log::WriterStats,
+    durable: u64,
+    head: u64,
+    fatal: Option<String>,
+    scrub: nvmq_log::scrub::ScrubState,
+    log_size: u64,
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
         Metrics {
-            log: Mutex::new(None),
+            logs: Mutex::new(Vec::new()),
             recovery: Mutex::new(None),
         }
     }
 
-    /// The running log whose writer figures, space and fatal state are shown.
+    /// A running log whose writer figures, space and fatal state are shown: call it once per
+    /// device, in device order. With more than one, every series carries `device="<i>"`.
     pub fn attach_log(&self, shared: Arc<Shared>, geometry: Geometry) {
-        *lock(&self.log) = Some((shared, geometry));
+        lock(&self.logs).push((shared, geometry));
     }
 
     pub fn set_recovery(&self, r: &RecoveryReport) {
@@ -59,156 +71,182 @@ impl Metrics {
     /// The text exposition format (version 0.0.4).
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let log = lock(&self.log).clone();
-        if let Some((shared, geo)) = log {
-            let (stats, durable, head, fatal, scrub) = {
+        let devices: Vec<DeviceFigures> = lock(&self.logs)
+            .iter()
+            .map(|(shared, geo)| {
                 let s = shared.lock();
-                (s.stats, s.durable, s.head, s.fatal.clone(), s.scrub.clone())
-            };
-            let counters: [(&str, &str, u64); 9] = [
-                (
-                    "nvmq_appends_acked_total",
-                    "Appends acknowledged.",
-                    stats.appends_acked,
-                ),
-                (
-                    "nvmq_payload_bytes_acked_total",
-                    "Payload bytes acknowledged.",
-                    stats.payload_bytes_acked,
-                ),
-                (
-                    "nvmq_batches_written_total",
-                    "Batches written (one group commit each).",
-                    stats.batches_written,
-                ),
-                (
-                    "nvmq_device_bytes_written_total",
-                    "Bytes written to the device for batches (headers and padding included).",
-                    stats.device_bytes_written,
-                ),
-                (
-                    "nvmq_flushes_total",
-                    "Device flushes submitted.",
-                    stats.flushes,
-                ),
-                (
-                    "nvmq_superblock_writes_total",
-                    "Superblock copies written.",
-                    stats.superblock_writes,
-                ),
-                (
-                    "nvmq_checkpoints_total",
-                    "Checkpoint batches written.",
-                    stats.checkpoints,
-                ),
-                ("nvmq_reads_total", "Log reads served.", stats.reads),
-                (
-                    "nvmq_corrupt_reads_total",
-                    "Reads refused because a record failed its checks.",
-                    stats.corrupt_reads,
-                ),
-            ];
-            for (name, help, v) in counters {
-                let _ = writeln!(
-                    out,
-                    "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-                );
+                DeviceFigures {
+                    stats: s.stats,
+                    durable: s.durable,
+                    head: s.head,
+                    fatal: s.fatal.clone(),
+                    scrub: s.scrub.clone(),
+                    log_size: geo.log_size,
+                }
+            })
+            .collect();
+        // One device: plain series, as ever; several: a `device` label on each.
+        let labels: Vec<String> = match devices.len() {
+            1 => vec![String::new()],
+            _ => (0..devices.len())
+                .map(|i| format!("device=\"{i}\""))
+                .collect(),
+        };
+        let each = |out: &mut String,
+                    name: &str,
+                    kind: &str,
+                    help: &str,
+                    v: &dyn Fn(&DeviceFigures) -> f64| {
+            if devices.is_empty() {
+                return;
             }
-            render_pow2(
-                &mut out,
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (d, l) in devices.iter().zip(&labels) {
+                let _ = writeln!(out, "{name}{} {}", braces(l), v(d));
+            }
+        };
+        let counters: [(&str, &str, fn(&DeviceFigures) -> u64); 9] = [
+            ("nvmq_appends_acked_total", "Appends acknowledged.", |d| {
+                d.stats.appends_acked
+            }),
+            (
+                "nvmq_payload_bytes_acked_total",
+                "Payload bytes acknowledged.",
+                |d| d.stats.payload_bytes_acked,
+            ),
+            (
+                "nvmq_batches_written_total",
+                "Batches written (one group commit each).",
+                |d| d.stats.batches_written,
+            ),
+            (
+                "nvmq_device_bytes_written_total",
+                "Bytes written to the device for batches (headers and padding included).",
+                |d| d.stats.device_bytes_written,
+            ),
+            ("nvmq_flushes_total", "Device flushes submitted.", |d| {
+                d.stats.flushes
+            }),
+            (
+                "nvmq_superblock_writes_total",
+                "Superblock copies written.",
+                |d| d.stats.superblock_writes,
+            ),
+            (
+                "nvmq_checkpoints_total",
+                "Checkpoint batches written.",
+                |d| d.stats.checkpoints,
+            ),
+            ("nvmq_reads_total", "Log reads served.", |d| d.stats.reads),
+            (
+                "nvmq_corrupt_reads_total",
+                "Reads refused because a record failed its checks.",
+                |d| d.stats.corrupt_reads,
+            ),
+        ];
+        for (name, help, v) in counters {
+            each(&mut out, name, "counter", help, &|d| v(d) as f64);
+        }
+        type Hist = fn(&DeviceFigures) -> &Pow2Histogram;
+        let histograms: [(&str, &str, Hist, fn(u64) -> f64, f64); 3] = [
+            (
                 "nvmq_append_ack_latency_seconds",
                 "Append to acknowledgement (after the covering flush in flush mode always), as the writer sees it.",
-                &stats.ack_latency_us,
+                |d| &d.stats.ack_latency_us,
+                // Whole microseconds below 2^i are below 2^i µs.
                 |b| b as f64 / 1e6,
                 1e-6,
-            );
-            // Whole microseconds below 2^i are below 2^i µs.
-            render_pow2(
-                &mut out,
+            ),
+            (
                 "nvmq_flush_latency_seconds",
                 "Device flush latency, submission to completion.",
-                &stats.flush_latency_us,
+                |d| &d.stats.flush_latency_us,
                 |b| b as f64 / 1e6,
                 1e-6,
-            );
-            // Whole counts below 2^i are at most 2^i - 1.
-            render_pow2(
-                &mut out,
+            ),
+            (
                 "nvmq_records_per_flush",
                 "Appends acknowledged each time the durable position moved (per flush in the default mode).",
-                &stats.records_per_flush,
+                |d| &d.stats.records_per_flush,
+                // Whole counts below 2^i are at most 2^i - 1.
                 |b| (b - 1) as f64,
                 1.0,
-            );
-            let per_flush = ratio(stats.appends_acked, stats.flushes);
-            let wa = ratio(stats.device_bytes_written, stats.payload_bytes_acked);
-            let used = durable.saturating_sub(head);
-            let gauges: [(&str, &str, f64); 5] = [
-                (
-                    "nvmq_records_per_flush_mean",
-                    "Appends acknowledged per flush submitted, since start.",
-                    per_flush,
-                ),
-                (
-                    "nvmq_write_amplification",
-                    "Device bytes written per payload byte acknowledged, since start.",
-                    wa,
-                ),
-                (
-                    "nvmq_log_used_bytes",
-                    "Retained log bytes (head to durable position).",
-                    used as f64,
-                ),
-                (
-                    "nvmq_log_free_bytes",
-                    "Log bytes not retained.",
-                    geo.log_size.saturating_sub(used) as f64,
-                ),
-                (
-                    "nvmq_durable_position_bytes",
-                    "The durable position D.",
-                    durable as f64,
-                ),
-            ];
-            for (name, help, v) in gauges {
-                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+            ),
+        ];
+        for (name, help, h, le, scale) in histograms {
+            if devices.is_empty() {
+                break;
             }
-            let scrub_series: [(&str, &str, &str, u64); 3] = [
-                (
-                    "nvmq_scrub_passes_total",
-                    "counter",
-                    "Complete passes of the background scrub over the retained log.",
-                    scrub.passes,
-                ),
-                (
-                    "nvmq_scrub_bytes_checked_total",
-                    "counter",
-                    "Log bytes the background scrub re-read and checked.",
-                    scrub.bytes_checked,
-                ),
-                (
-                    "nvmq_scrub_damaged_batches",
-                    "gauge",
-                    "Distinct damaged batches the scrub found in acknowledged data (alert on > 0).",
-                    scrub.damage.len() as u64,
-                ),
-            ];
-            for (name, kind, help, v) in scrub_series {
-                let _ = writeln!(
-                    out,
-                    "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-                );
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            for (d, l) in devices.iter().zip(&labels) {
+                render_pow2(&mut out, name, l, h(d), le, scale);
             }
+        }
+        let gauges: [(&str, &str, fn(&DeviceFigures) -> f64); 5] = [
+            (
+                "nvmq_records_per_flush_mean",
+                "Appends acknowledged per flush submitted, since start.",
+                |d| ratio(d.stats.appends_acked, d.stats.flushes),
+            ),
+            (
+                "nvmq_write_amplification",
+                "Device bytes written per payload byte acknowledged, since start.",
+                |d| ratio(d.stats.device_bytes_written, d.stats.payload_bytes_acked),
+            ),
+            (
+                "nvmq_log_used_bytes",
+                "Retained log bytes (head to durable position).",
+                |d| d.durable.saturating_sub(d.head) as f64,
+            ),
+            ("nvmq_log_free_bytes", "Log bytes not retained.", |d| {
+                d.log_size.saturating_sub(d.durable.saturating_sub(d.head)) as f64
+            }),
+            (
+                "nvmq_durable_position_bytes",
+                "The durable position D.",
+                |d| d.durable as f64,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            each(&mut out, name, "gauge", help, &v);
+        }
+        let scrub: [(&str, &str, &str, fn(&DeviceFigures) -> u64); 3] = [
+            (
+                "nvmq_scrub_passes_total",
+                "counter",
+                "Complete passes of the background scrub over the retained log.",
+                |d| d.scrub.passes,
+            ),
+            (
+                "nvmq_scrub_bytes_checked_total",
+                "counter",
+                "Log bytes the background scrub re-read and checked.",
+                |d| d.scrub.bytes_checked,
+            ),
+            (
+                "nvmq_scrub_damaged_batches",
+                "gauge",
+                "Distinct damaged batches the scrub found in acknowledged data (alert on > 0).",
+                |d| d.scrub.damage.len() as u64,
+            ),
+        ];
+        for (name, kind, help, v) in scrub {
+            each(&mut out, name, kind, help, &|d| v(d) as f64);
+        }
+        if !devices.is_empty() {
             let _ = writeln!(
                 out,
                 "# HELP nvmq_writer_fatal 1 once the writer stopped after a device error (nothing more is acknowledged).\n# TYPE nvmq_writer_fatal gauge"
             );
-            match fatal {
+        }
+        for (d, l) in devices.iter().zip(&labels) {
+            match &d.fatal {
                 Some(reason) => {
-                    let _ = writeln!(out, "nvmq_writer_fatal{{reason=\"{}\"}} 1", escape(&reason));
+                    let both = join(l, &format!("reason=\"{}\"", escape(reason)));
+                    let _ = writeln!(out, "nvmq_writer_fatal{} 1", braces(&both));
                 }
                 None => {
-                    let _ = writeln!(out, "nvmq_writer_fatal 0");
+                    let _ = writeln!(out, "nvmq_writer_fatal{} 0", braces(l));
                 }
             }
         }
@@ -238,25 +276,45 @@ impl Metrics {
     }
 }
 
-/// A writer histogram; `le` maps a bucket's exclusive bound to the exposed inclusive bound.
+/// `{labels}`, or nothing for none.
+fn braces(labels: &str) -> String {
+    if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
+    }
+}
+
+/// Two label lists as one.
+fn join(a: &str, b: &str) -> String {
+    match (a.is_empty(), b.is_empty()) {
+        (true, _) => b.to_string(),
+        (_, true) => a.to_string(),
+        _ => format!("{a},{b}"),
+    }
+}
+
+/// A writer histogram's samples (its HELP and TYPE written by the caller); `le` maps a bucket's
+/// exclusive bound to the exposed inclusive bound.
 fn render_pow2(
     out: &mut String,
     name: &str,
-    help: &str,
+    labels: &str,
     h: &Pow2Histogram,
     le: fn(u64) -> f64,
     scale: f64,
 ) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
     let mut cumulative = 0u64;
     for i in 0..POW2_BUCKETS - 1 {
         cumulative += h.buckets[i];
         let bound = le(Pow2Histogram::bucket_bound(i));
-        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        let l = join(labels, &format!("le=\"{bound}\""));
+        let _ = writeln!(out, "{name}_bucket{{{l}}} {cumulative}");
     }
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
-    let _ = writeln!(out, "{name}_sum {}", h.sum as f64 * scale);
-    let _ = writeln!(out, "{name}_count {}", h.count);
+    let l = join(labels, "le=\"+Inf\"");
+    let _ = writeln!(out, "{name}_bucket{{{l}}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum{} {}", braces(labels), h.sum as f64 * scale);
+    let _ = writeln!(out, "{name}_count{} {}", braces(labels), h.count);
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -472,6 +530,44 @@ mod tests {
         assert!(line.ends_with(" 1") && line.contains("flush"), "{line}");
         drop(server);
         log.shutdown();
+    }
+
+    #[test]
+    fn several_devices_are_labelled_one_family_each() {
+        let mut logs = Vec::new();
+        let metrics = Metrics::new();
+        for seed in [21, 22] {
+            let (mut dev, _h) = SimDevice::new(SimConfig::new(seed, 64 << 20));
+            nvmq_log::mkfs::format(&mut dev, &FormatOptions::default()).unwrap();
+            let (w, _) = recovery::open(dev, LogConfig::default()).unwrap();
+            let log = Log::start(w, 64);
+            metrics.attach_log(log.shared().clone(), log.geometry());
+            logs.push(log);
+        }
+        let p = logs[1].create_partition("d", 0).unwrap();
+        for i in 0..3 {
+            logs[1].append_wait(p, vec![i; 10]).unwrap();
+        }
+        let body = metrics.render();
+        assert_eq!(value(&body, "nvmq_appends_acked_total{device=\"0\"}"), 0.0);
+        assert_eq!(value(&body, "nvmq_appends_acked_total{device=\"1\"}"), 4.0);
+        assert_eq!(
+            value(
+                &body,
+                "nvmq_append_ack_latency_seconds_bucket{device=\"1\",le=\"+Inf\"}"
+            ),
+            4.0
+        );
+        assert_eq!(value(&body, "nvmq_writer_fatal{device=\"0\"}"), 0.0);
+        // One HELP per family, whatever the number of devices.
+        let helps = body
+            .lines()
+            .filter(|l| l.starts_with("# HELP nvmq_appends_acked_total "))
+            .count();
+        assert_eq!(helps, 1, "{body}");
+        for l in logs {
+            l.shutdown();
+        }
     }
 
     #[test]

@@ -128,7 +128,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let _metrics_server = match &args.metrics_addr {
         Some(addr) => {
             let metrics = Arc::new(crate::metrics::Metrics::new());
-            metrics.attach_log(writer.shared(), writer.geometry());
+            for w in &writers {
+                metrics.attach_log(w.shared(), w.geometry());
+            }
             if let Some(report) = reports.first() {
                 metrics.set_recovery(report);
             }
