@@ -36,6 +36,18 @@ impl Default for Metrics {
     }
 }
 
+/// A per-device series: name, help, and how to read it from a device's figures.
+type Series<T> = (&'static str, &'static str, fn(&DeviceFigures) -> T);
+
+/// A per-device histogram: name, help, where it is, how a bucket's bound is shown, the scale.
+type HistSeries = (
+    &'static str,
+    &'static str,
+    fn(&DeviceFigures) -> &Pow2Histogram,
+    fn(u64) -> f64,
+    f64,
+);
+
 /// One device's figures, read once per scrape.
 struct DeviceFigures {
     stats: nvmq_log::WriterStats,
@@ -105,7 +117,7 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{} {}", braces(l), v(d));
             }
         };
-        let counters: [(&str, &str, fn(&DeviceFigures) -> u64); 9] = [
+        let counters: [Series<u64>; 9] = [
             ("nvmq_appends_acked_total", "Appends acknowledged.", |d| {
                 d.stats.appends_acked
             }),
@@ -147,8 +159,7 @@ impl Metrics {
         for (name, help, v) in counters {
             each(&mut out, name, "counter", help, &|d| v(d) as f64);
         }
-        type Hist = fn(&DeviceFigures) -> &Pow2Histogram;
-        let histograms: [(&str, &str, Hist, fn(u64) -> f64, f64); 3] = [
+        let histograms: [HistSeries; 3] = [
             (
                 "nvmq_append_ack_latency_seconds",
                 "Append to acknowledgement (after the covering flush in flush mode always), as the writer sees it.",
@@ -182,7 +193,7 @@ impl Metrics {
                 render_pow2(&mut out, name, l, h(d), le, scale);
             }
         }
-        let gauges: [(&str, &str, fn(&DeviceFigures) -> f64); 5] = [
+        let gauges: [Series<f64>; 5] = [
             (
                 "nvmq_records_per_flush_mean",
                 "Appends acknowledged per flush submitted, since start.",
