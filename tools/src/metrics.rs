@@ -36,8 +36,11 @@ impl Default for Metrics {
     }
 }
 
-/// A per-device series: name, help, and how to read it from a device's figures.
-type Series<T> = (&'static str, &'static str, fn(&DeviceFigures) -> T);
+/// How a series is read from a device's figures.
+type Reader<T> = fn(&DeviceFigures) -> T;
+
+/// A per-device series: name, help, and how to read it.
+type Series<T> = (&'static str, &'static str, Reader<T>);
 
 /// A per-device histogram: name, help, where it is, how a bucket's bound is shown, the scale.
 type HistSeries = (
@@ -221,7 +224,8 @@ impl Metrics {
         for (name, help, v) in gauges {
             each(&mut out, name, "gauge", help, &v);
         }
-        let scrub: [(&str, &str, &str, fn(&DeviceFigures) -> u64); 3] = [
+        // (name, kind, help, value)
+        let scrub: [(&str, &str, &str, Reader<u64>); 3] = [
             (
                 "nvmq_scrub_passes_total",
                 "counter",
