@@ -82,6 +82,10 @@ pub struct WriterStats {
     pub checkpoints: u64,
     pub reads: u64,
     pub corrupt_reads: u64,
+    /// Batches (and their device bytes) that `on_full = drop-oldest` freed to make room although
+    /// no retention setting had expired them yet (storage.md §4.3: never silently).
+    pub dropped_unexpired_batches: u64,
+    pub dropped_unexpired_bytes: u64,
     /// Flush latency in microseconds, submission to completion as the writer sees it.
     pub flush_latency_us: Pow2Histogram,
     /// Appends acknowledged each time D moved over some (in the default mode: per flush).

@@ -287,6 +287,11 @@ fn flush_mode_interval_acks_first_and_flushes_soon_after() {
 
 /// A log of `log_size` bytes on a sim device, records kept for an hour.
 fn small_log(on_full: OnFull) -> Log {
+    small_log_keeping(on_full, None)
+}
+
+/// A 2 MiB log keeping records an hour, and at most `retain_bytes` when given.
+fn small_log_keeping(on_full: OnFull, retain_bytes: Option<u64>) -> Log {
     let fmt = FormatOptions {
         window: MIB,
         max_batch: 64 << 10,
@@ -297,6 +302,7 @@ fn small_log(on_full: OnFull) -> Log {
     let cfg = LogConfig {
         on_full,
         retain_time: Some(Duration::from_secs(3600)),
+        retain_bytes,
         full_wait: Duration::from_millis(100),
         ..LogConfig::default()
     };
@@ -349,6 +355,35 @@ fn on_full_drop_oldest_frees_the_oldest_records_instead() {
     assert_eq!(view.durable_end, 2000);
     let recs = log.read(part, view.start_offset, 1).expect("read oldest");
     assert_eq!(recs[0].payload, vec![view.start_offset as u8; 4000]);
+    // Nothing had expired (records are kept an hour): every record dropped is counted.
+    let stats = log.stats();
+    assert!(stats.dropped_unexpired_batches > 0, "{stats:?}");
+    assert!(
+        stats.dropped_unexpired_bytes >= view.start_offset * 4000,
+        "{} records of 4000 B dropped, counted {} B",
+        view.start_offset,
+        stats.dropped_unexpired_bytes
+    );
+    log.shutdown();
+}
+
+#[test]
+fn retention_by_size_frees_space_before_drop_oldest_has_to() {
+    // Keeping 512 KiB of a 2 MiB log: retention frees the oldest records long before the ring
+    // is full, so drop-oldest never drops anything retention had not expired.
+    let log = small_log_keeping(OnFull::DropOldest, Some(512 << 10));
+    let part = log.create_partition("t", 0).expect("create");
+    for i in 0..2000u64 {
+        log.append_wait(part, vec![i as u8; 4000]).expect("append");
+    }
+    let view = log.partition(part).expect("partition");
+    assert!(
+        view.start_offset > 1000,
+        "retention freed too little: {view:?}"
+    );
+    let stats = log.stats();
+    assert_eq!(stats.dropped_unexpired_batches, 0, "{stats:?}");
+    assert_eq!(stats.dropped_unexpired_bytes, 0, "{stats:?}");
     log.shutdown();
 }
 

@@ -120,7 +120,7 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{} {}", braces(l), v(d));
             }
         };
-        let counters: [Series<u64>; 9] = [
+        let counters: [Series<u64>; 11] = [
             ("nvmq_appends_acked_total", "Appends acknowledged.", |d| {
                 d.stats.appends_acked
             }),
@@ -157,6 +157,16 @@ impl Metrics {
                 "nvmq_corrupt_reads_total",
                 "Reads refused because a record failed its checks.",
                 |d| d.stats.corrupt_reads,
+            ),
+            (
+                "nvmq_dropped_unexpired_batches_total",
+                "Batches on_full = drop-oldest freed for room before retention expired them.",
+                |d| d.stats.dropped_unexpired_batches,
+            ),
+            (
+                "nvmq_dropped_unexpired_bytes_total",
+                "Log bytes on_full = drop-oldest freed for room before retention expired them.",
+                |d| d.stats.dropped_unexpired_bytes,
             ),
         ];
         for (name, help, v) in counters {

@@ -13,7 +13,9 @@
 //!   write cache, when the write and every write below it completed.
 //! - Acks go out in log order, only below D (in the default mode).
 //! - Any failed write or flush is fatal: every waiting append gets an error, nothing more is
-//!   acknowledged, and the flush is never retried.
+//!   acknowledged, and the flush is never retried. What the same poll's successful flushes made
+//!   durable is acknowledged first: those records are on disk, and an error would make their
+//!   producers retry them into duplicates.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -187,6 +189,15 @@ enum SbState {
 struct SbWrite {
     sb: Superblock,
     state: SbState,
+    /// What moving the head to `sb.head` frees that no retention setting expired.
+    unexpired: Unexpired,
+}
+
+/// Log space freed for room alone (drop-oldest), before retention would have freed it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct Unexpired {
+    batches: u64,
+    bytes: u64,
 }
 
 struct ReadJob {
@@ -244,6 +255,9 @@ pub struct Writer<D: BlockDevice> {
     completions: Vec<Completion>,
     last_activity_ns: u64,
     fatal: Option<LogError>,
+    /// A failure seen among this step's completions, acted on once the step has published what
+    /// the same completions made durable (see [`Writer::fail_after_settling`]).
+    failing: Option<LogError>,
     shared: Arc<Shared>,
     /// The device takes a write and a flush linked (`DeviceInfo::linked_flush`).
     linked_flush: bool,
@@ -340,6 +354,7 @@ impl<D: BlockDevice> Writer<D> {
             completions: Vec::with_capacity(256),
             last_activity_ns: 0,
             fatal: None,
+            failing: None,
             shared,
             token_acks: Vec::new(),
             pending_bytes: 0,
@@ -564,7 +579,7 @@ impl<D: BlockDevice> Writer<D> {
         }
         let mut comps = std::mem::take(&mut self.completions);
         if let Err(e) = self.dev.poll(&mut comps) {
-            self.fail(LogError::Device {
+            self.fail_after_settling(LogError::Device {
                 op: "poll",
                 source: e,
             });
@@ -575,10 +590,13 @@ impl<D: BlockDevice> Writer<D> {
             self.complete(c);
         }
         self.completions = comps;
+        self.settle();
+        if let Some(e) = self.failing.take() {
+            self.fail(e);
+        }
         if self.fatal.is_some() {
             return true;
         }
-        self.settle();
         moved |= self.maybe_superblock(now);
         let waited_for_space = self.space_needed_head;
         moved |= self.maybe_write(now);
@@ -638,6 +656,16 @@ impl<D: BlockDevice> Writer<D> {
 
     pub fn has_io_in_flight(&self) -> bool {
         self.dev.in_flight() > 0
+    }
+
+    /// Notes a failure found while taking in completions; the step fails the writer after
+    /// settling, so that a flush that succeeded in the same poll first publishes and acknowledges
+    /// what it made durable (only completed writes count towards D, so a failed write is never
+    /// covered). The first failure is the reason reported.
+    pub(super) fn fail_after_settling(&mut self, err: LogError) {
+        if self.failing.is_none() {
+            self.failing = Some(err);
+        }
     }
 
     /// Fails everything waiting and refuses all that follows: the writer is done.

@@ -13,7 +13,7 @@ impl<D: BlockDevice> Writer<D> {
                     return;
                 };
                 if let Err(e) = c.result {
-                    self.fail(LogError::Device {
+                    self.fail_after_settling(LogError::Device {
                         op: "write a batch",
                         source: e,
                     });
@@ -37,7 +37,7 @@ impl<D: BlockDevice> Writer<D> {
                     self.free_bufs.push(b);
                 }
                 if let Err(e) = c.result {
-                    self.fail(LogError::Device {
+                    self.fail_after_settling(LogError::Device {
                         op: "write a superblock",
                         source: e,
                     });
@@ -73,12 +73,14 @@ impl<D: BlockDevice> Writer<D> {
             match &f.result {
                 None => break,
                 Some(Err(e)) => {
+                    // Nothing from this flush on settles; what the flushes before it made
+                    // durable is still published below, then the step fails the writer.
                     let e = LogError::Device {
                         op: "flush",
                         source: e.clone(),
                     };
-                    self.fail(e);
-                    return;
+                    self.fail_after_settling(e);
+                    break;
                 }
                 Some(Ok(())) => {
                     let (covers, linked) = (f.covers, f.linked);
@@ -98,8 +100,9 @@ impl<D: BlockDevice> Writer<D> {
                 }
             }
         }
-        // Relaxed modes acknowledge at write completion, still in log order.
-        if self.cfg.flush != FlushMode::Always {
+        // Relaxed modes acknowledge at write completion, still in log order; not once a failure
+        // is known (the writer stops at the end of this step).
+        if self.cfg.flush != FlushMode::Always && self.failing.is_none() {
             for b in self.batches.iter_mut() {
                 if b.end > self.written_through {
                     break;

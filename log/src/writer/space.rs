@@ -13,7 +13,7 @@ impl<D: BlockDevice> Writer<D> {
             Some((pos, link)) => (pos, link),
             None => (cur.recovery_point, cur.recovery_link),
         };
-        let head = self.wanted_head(rp, now);
+        let (head, unexpired) = self.wanted_head(rp, now);
         let other = &self.superblocks[usize::from(1 - self.newest)];
         let reasons = [
             rp != cur.recovery_point,
@@ -74,6 +74,7 @@ impl<D: BlockDevice> Writer<D> {
         self.sb_write = Some(SbWrite {
             sb,
             state: SbState::Submitted,
+            unexpired,
         });
         self.sb_last_ns = now.mono_ns;
         self.shared.lock().stats.superblock_writes += 1;
@@ -81,11 +82,12 @@ impl<D: BlockDevice> Writer<D> {
     }
 
     /// Where retention (and, in drop-oldest mode, the need for space) wants the head, never past
-    /// the recovery point the next superblock names.
-    pub(super) fn wanted_head(&self, rp: u64, now: Now) -> u64 {
+    /// the recovery point the next superblock names; and what of that no retention expired.
+    pub(super) fn wanted_head(&self, rp: u64, now: Now) -> (u64, Unexpired) {
         let mut head = self.newest_sb().head;
+        let mut unexpired = Unexpired::default();
         if self.backfill_pending {
-            return head;
+            return (head, unexpired);
         }
         // Free an eighth of the ring at a time: freeing only what the next batch needs would
         // cost two superblock updates (and their flushes) per batch once the ring is full.
@@ -107,13 +109,16 @@ impl<D: BlockDevice> Writer<D> {
                 .retain_time
                 .is_some_and(|t| b.timestamp_ms + (t.as_millis() as u64) < now.wall_ms);
             let by_space = b.position < need;
-            if by_size || by_time || by_space {
-                head = b.end;
-            } else {
+            if !(by_size || by_time || by_space) {
                 break;
             }
+            if b.end > head && !(by_size || by_time) {
+                unexpired.batches += 1;
+                unexpired.bytes += b.end - b.position.max(head);
+            }
+            head = b.end;
         }
-        head
+        (head, unexpired)
     }
 
     /// A superblock write became durable: it is now one of the two copies.
@@ -124,6 +129,20 @@ impl<D: BlockDevice> Writer<D> {
         let old_head = self.head();
         self.superblocks[usize::from(w.sb.copy)] = w.sb;
         self.newest = w.sb.copy;
+        if w.unexpired.batches > 0 {
+            // Only now is the data gone: the superblock naming the new head is durable.
+            tracing::warn!(
+                batches = w.unexpired.batches,
+                bytes = w.unexpired.bytes,
+                head = w.sb.head,
+                "the log is full and on_full = drop-oldest: dropped the oldest records before \
+                 retention expired them (set on_full = refuse to refuse appends instead, or give \
+                 the log more space)"
+            );
+            let mut s = self.shared.lock();
+            s.stats.dropped_unexpired_batches += w.unexpired.batches;
+            s.stats.dropped_unexpired_bytes += w.unexpired.bytes;
+        }
         if w.sb.head > old_head {
             self.drop_below(w.sb.head);
         }
