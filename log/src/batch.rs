@@ -121,6 +121,11 @@ pub enum BatchFault {
         position: u64,
         what: &'static str,
     },
+    /// A valid batch for this position, but written in another epoch than the one expected.
+    Epoch {
+        found: u64,
+        expected: u64,
+    },
 }
 
 impl std::fmt::Display for BatchFault {
@@ -137,6 +142,11 @@ impl std::fmt::Display for BatchFault {
                 position,
                 what,
             } => write!(f, "record {index} at position {position}: {what}"),
+            BatchFault::Epoch { found, expected } => write!(
+                f,
+                "a valid batch of epoch {found} where epoch {expected} wrote one (a stale batch: \
+                 the write meant for this position went elsewhere)"
+            ),
         }
     }
 }
@@ -181,16 +191,24 @@ pub fn check_records<'a>(
     Ok(())
 }
 
-/// Decodes and checks a whole batch expected at `position`.
+/// Decodes and checks a whole batch expected at `position`, and of `epoch` when the caller knows
+/// which epoch wrote it (a reader, from the index).
 pub fn check_batch<'a>(
     bytes: &'a [u8],
     format_id: u64,
     position: u64,
     write_unit: u32,
+    epoch: Option<u64>,
     each: impl FnMut(RecordRef<'a>),
 ) -> Result<(BatchHeader, u32), BatchFault> {
     let (h, crc) =
         BatchHeader::decode(bytes, format_id, position, write_unit).map_err(BatchFault::Header)?;
+    if let Some(expected) = epoch.filter(|&e| e != h.epoch) {
+        return Err(BatchFault::Epoch {
+            found: h.epoch,
+            expected,
+        });
+    }
     if (h.length as usize) > bytes.len() {
         return Err(BatchFault::Header(HeaderFault::Invalid(
             "batch longer than the bytes read",
@@ -228,7 +246,7 @@ mod tests {
         let (buf, len, crc) = build(&payloads, 8192, 3, 64 << 10);
         assert_eq!(len % 4096, 0);
         let mut got = Vec::new();
-        let (h, c) = check_batch(&buf[..len], FID, 8192, 4096, |r| {
+        let (h, c) = check_batch(&buf[..len], FID, 8192, 4096, None, |r| {
             got.push((r.header.offset, r.payload.to_vec()))
         })
         .unwrap();
@@ -249,17 +267,17 @@ mod tests {
     fn a_batch_read_at_another_position_epoch_or_format_does_not_check() {
         let (buf, len, _) = build(&[vec![9u8; 100]], 4096, 2, 8192);
         assert!(matches!(
-            check_batch(&buf[..len], FID, 8192, 4096, |_| {}),
+            check_batch(&buf[..len], FID, 8192, 4096, None, |_| {}),
             Err(BatchFault::Header(HeaderFault::Misplaced { .. }))
         ));
-        assert!(check_batch(&buf[..len], FID + 1, 4096, 4096, |_| {}).is_err());
+        assert!(check_batch(&buf[..len], FID + 1, 4096, 4096, None, |_| {}).is_err());
         // A record of another epoch under this header: rebuild the record alone with epoch 3.
         let (other, _, _) = build(&[vec![9u8; 100]], 4096, 3, 8192);
         let mut mixed = buf.clone();
         mixed[BATCH_HEADER_LEN..BATCH_HEADER_LEN + RECORD_HEADER_LEN + 100]
             .copy_from_slice(&other[BATCH_HEADER_LEN..BATCH_HEADER_LEN + RECORD_HEADER_LEN + 100]);
         assert!(matches!(
-            check_batch(&mixed[..len], FID, 4096, 4096, |_| {}),
+            check_batch(&mixed[..len], FID, 4096, 4096, None, |_| {}),
             Err(BatchFault::Record {
                 what: "record epoch differs from its batch",
                 ..
@@ -285,7 +303,7 @@ mod tests {
                 let mut b = buf.clone();
                 b[byte] ^= 1 << bit;
                 assert!(
-                    check_batch(&b[..len], FID, 0, 4096, |_| {}).is_err(),
+                    check_batch(&b[..len], FID, 0, 4096, None, |_| {}).is_err(),
                     "flip of bit {bit} in byte {byte} went unnoticed"
                 );
             }

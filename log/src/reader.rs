@@ -180,6 +180,7 @@ fn read_from(
             geo.format_id,
             e.batch_position,
             geo.write_unit as u32,
+            Some(e.epoch),
             |r| {
                 if r.header.partition == partition && r.header.kind == RecordKind::Data {
                     got.push(Record {

@@ -37,6 +37,8 @@ pub(crate) fn run(
     let started = Instant::now();
     let mut budget_used = 0u64;
     let mut pos: Option<u64> = None;
+    // The batch just checked, which the next one must link to.
+    let mut prev: Option<Link> = None;
     // After a bad header, batches are found again one write unit at a time; one report suffices.
     let mut resyncing = false;
     while !cancel.load(Ordering::Relaxed) {
@@ -64,7 +66,10 @@ pub(crate) fn run(
         }
         // While resynchronising, one write unit at a time; else up to a maximum batch at once.
         let chunk = if resyncing { u } else { geo.max_batch };
-        let (good, failed) = check_chunk(&geo, at, durable, chunk, &mut read);
+        if prev.is_some_and(|l| l.end != at) {
+            prev = None;
+        }
+        let (good, failed) = check_chunk(&geo, at, durable, chunk, &mut prev, &mut read);
         if good > 0 {
             resyncing = false;
         }
@@ -109,6 +114,15 @@ pub(crate) fn run(
     }
 }
 
+/// A batch the scrub checked: where it ends, its header checksum (which the next batch names as
+/// `prev_hash`) and its epoch (which the next may not be below).
+#[derive(Clone, Copy)]
+struct Link {
+    end: u64,
+    crc: u32,
+    epoch: u64,
+}
+
 enum Checked {
     Freed,
     Stopped,
@@ -127,12 +141,15 @@ fn damage(what: String, skip: Option<u64>) -> Checked {
 /// otherwise cost a request to the writer each); a batch the read cut short is left for the
 /// next chunk, unless it is the first, which is then read whole. Returns the bytes of the
 /// batches that checked, and why checking stopped before the end of the chunk, if it did (at
-/// `at` plus those bytes).
+/// `at` plus those bytes). Each batch must link to the one before it (`prev`, when the scrub
+/// checked it), as recovery requires: a valid batch that does not is a stale one, left by an
+/// older era where the write meant for its position went elsewhere.
 fn check_chunk(
     geo: &Geometry,
     at: u64,
     durable: u64,
     chunk: u64,
+    prev: &mut Option<Link>,
     read: &mut impl FnMut(u64, u64) -> Result<Vec<u8>, LogError>,
 ) -> (u64, Option<Checked>) {
     let u = geo.write_unit;
@@ -177,9 +194,32 @@ fn check_chunk(
             };
             &whole[..]
         };
-        if let Err(f) = check_batch(bytes, geo.format_id, here, u as u32, |_| {}) {
-            return (off, Some(damage(f.to_string(), Some(len))));
+        let crc = match check_batch(bytes, geo.format_id, here, u as u32, None, |_| {}) {
+            Ok((_, crc)) => crc,
+            Err(f) => {
+                *prev = None;
+                return (off, Some(damage(f.to_string(), Some(len))));
+            }
+        };
+        if let Some(l) = prev.filter(|l| l.end == here) {
+            let what = if h.prev_hash != l.crc {
+                Some("a valid batch that does not link to the batch before it (a stale batch)")
+            } else if h.epoch < l.epoch {
+                Some("a valid batch of an epoch below the batch before it (a stale batch)")
+            } else {
+                None
+            };
+            if let Some(what) = what {
+                *prev = None;
+                let what = format!("{what}: epoch {} after epoch {}", h.epoch, l.epoch);
+                return (off, Some(damage(what, Some(len))));
+            }
         }
+        *prev = Some(Link {
+            end: here + len,
+            crc,
+            epoch: h.epoch,
+        });
         off += len;
     }
     (off, None)

@@ -16,6 +16,9 @@ pub struct IndexEntry {
     pub end_offset: u64,
     pub batch_position: u64,
     pub batch_length: u32,
+    /// The epoch the batch was written in: a valid batch of another epoch at that position is
+    /// a stale one that a misdirected write failed to replace (storage.md §4.2).
+    pub epoch: u64,
 }
 
 /// A partition as readers see it.
@@ -229,6 +232,7 @@ mod tests {
                 end_offset: *b,
                 batch_position: i as u64 * 4096,
                 batch_length: 4096,
+                epoch: 1,
             });
         }
         assert_eq!(v.locate(0).unwrap().batch_position, 0);

@@ -443,6 +443,7 @@ fn add_entry(
             end_offset: end,
             batch_position: h.position,
             batch_length: h.length,
+            epoch: h.epoch,
         }),
     }
 }

@@ -1101,7 +1101,7 @@ proptest! {
         let _ = BatchHeader::decode(&bytes, fid, at, u);
         let _ = BatchHeader::decode(&bytes, h.format_id, at, u);
         // A valid header over arbitrary records: the record checks fail, never panic.
-        let _ = check_batch(&bytes, h.format_id, at, u, |_| {});
+        let _ = check_batch(&bytes, h.format_id, at, u, None, |_| {});
     }
 
     #[test]
@@ -1149,7 +1149,7 @@ proptest! {
         pos in position(),
         u in write_unit(),
     ) {
-        let _ = check_batch(&bytes, fid, pos, u, |_| {});
+        let _ = check_batch(&bytes, fid, pos, u, None, |_| {});
     }
 
     #[test]
@@ -1176,7 +1176,7 @@ proptest! {
             BatchKind::Records => r.0 != RecordKind::Checkpoint,
         });
         let mut seen = Vec::new();
-        let clean = check_batch(&buf, FORMAT_ID, pos, u, |r| seen.push((r.header.offset, r.payload.to_vec())));
+        let clean = check_batch(&buf, FORMAT_ID, pos, u, None, |r| seen.push((r.header.offset, r.payload.to_vec())));
         if kinds_fit {
             prop_assert!(clean.is_ok(), "a clean batch does not check: {:?}", clean);
             let want: Vec<_> = recs.iter().map(|r| (r.2, r.3.clone())).collect();
@@ -1199,7 +1199,7 @@ proptest! {
         if let Some(t) = damage.truncate {
             buf.truncate(t % (buf.len() + 1));
         }
-        let _ = check_batch(&buf, FORMAT_ID, pos, u, |_| {});
+        let _ = check_batch(&buf, FORMAT_ID, pos, u, None, |_| {});
         // The record checks alone, under a header that decodes, over bytes of any length.
         if let Ok((hd, _)) = BatchHeader::decode(&buf, FORMAT_ID, pos, u) {
             let _ = check_records(&hd, &buf, |_| {});
@@ -1290,5 +1290,5 @@ fn found_by_fuzzing() {
     };
     let mut bytes = vec![0u8; 512];
     h.encode(&mut bytes);
-    assert!(check_batch(&bytes, FORMAT_ID, u64::MAX - 10, 512, |_| {}).is_err());
+    assert!(check_batch(&bytes, FORMAT_ID, u64::MAX - 10, 512, None, |_| {}).is_err());
 }

@@ -150,6 +150,7 @@ impl<D: BlockDevice> Writer<D> {
                                 end_offset: end,
                                 batch_position: self.tail,
                                 batch_length: 0,
+                                epoch: self.epoch,
                             },
                         )),
                     }
