@@ -37,6 +37,14 @@ pub enum LogError {
         position: u64,
         what: String,
     },
+    #[error("partition {partition} is at offset {next}: {span} more would pass the largest offset a log holds (2^62)")]
+    OffsetsExhausted {
+        partition: u32,
+        next: u64,
+        span: u32,
+    },
+    #[error("no partition id left: every id below {0} was assigned")]
+    PartitionIdsExhausted(u32),
     #[error("not available yet: {0}")]
     Unavailable(String),
     #[error("bad configuration: {0}")]

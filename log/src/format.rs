@@ -12,6 +12,13 @@ pub const SUPERBLOCK_B: u64 = 1 << 20;
 pub const LOG_START: u64 = 2 << 20;
 pub const MAX_WRITE_UNIT: u32 = 1 << 20;
 
+/// No log position (byte count since format) and no partition offset reaches this: 2^62 bytes is
+/// 146 years at 1 GB/s, 2^62 records 14,000 years at 10M records/s. Anything read from a device
+/// at or above it is damaged or forged, and every sum of a position or offset with a length
+/// (both far below 2^62) stays in range.
+pub const MAX_POSITION: u64 = 1 << 62;
+pub const MAX_OFFSET: u64 = 1 << 62;
+
 pub const FORMAT_VERSION: u32 = 1;
 const SB_MAGIC: u64 = u64::from_le_bytes(*b"NVMQ-SB\x01");
 const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"NQB1");
@@ -181,6 +188,9 @@ impl Superblock {
         if self.sequence >= 1 << 63 || self.epoch >= 1 << 63 {
             return Err(bad("sequence or epoch is implausibly large"));
         }
+        if self.durable_through >= MAX_POSITION || self.epoch_start >= MAX_POSITION {
+            return Err(bad("a position is beyond any a log reaches (2^62)"));
+        }
         let ordered = self.head <= self.recovery_point
             && self.head <= self.checkpoint
             && self.recovery_point <= self.durable_through
@@ -328,6 +338,12 @@ impl BatchHeader {
         };
         if pos != position {
             return Err(HeaderFault::Misplaced { header: h });
+        }
+        // As for superblocks: a recovery adds one to the largest epoch it finds.
+        if epoch >= 1 << 63 || pos >= MAX_POSITION {
+            return Err(HeaderFault::Invalid(
+                "epoch or position is implausibly large",
+            ));
         }
         let u = write_unit;
         if length == 0 || !length.is_multiple_of(u) || (length as usize) < BATCH_HEADER_LEN {

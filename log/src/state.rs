@@ -64,7 +64,8 @@ impl Registry {
                 start_offset: 0,
             },
         );
-        self.next_id = self.next_id.max(id + 1);
+        // Ids are below u32::MAX (the writer never assigns it, replay and decode refuse it).
+        self.next_id = self.next_id.max(id.saturating_add(1));
     }
 
     pub fn remove(&mut self, id: u32) {
@@ -118,6 +119,9 @@ impl Registry {
                 .to_string();
             if start_offset > next_offset {
                 return Err("partition start offset above its next offset");
+            }
+            if next_offset > crate::format::MAX_OFFSET {
+                return Err("partition next offset beyond any a log reaches (2^62)");
             }
             reg.insert(id, topic, index);
             if let Some(p) = reg.partitions.get_mut(&id) {

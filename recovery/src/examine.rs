@@ -32,6 +32,8 @@ pub struct Examination {
     pub valid_past_tail: u64,
     /// Largest epoch in the scan and the probe.
     pub max_epoch: u64,
+    /// Header checksum of the last valid batch: what the next batch must name as its link.
+    pub last_hash: u32,
     /// Largest "durable through" in any batch header scanned.
     pub max_durable_through: u64,
     /// Batches and records scanned from the recovery point.
@@ -74,6 +76,7 @@ pub fn examine<D: BlockDevice + ?Sized>(dev: &mut D) -> Result<Examination, Reco
         stop,
         valid_past_tail: scanned.valid_past_cut,
         max_epoch: scanned.max_epoch,
+        last_hash: scanned.last_hash,
         max_durable_through: scanned.max_durable_through,
         batches: scanned.batches,
         records: scanned.records,

@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 
 use blockdev::BlockDevice;
 use nvmq_log::batch::{check_records, BatchFault, RecordRef};
-use nvmq_log::format::{BatchHeader, BatchKind, HeaderFault, RecordKind, Superblock};
+use nvmq_log::format::{BatchHeader, BatchKind, HeaderFault, RecordKind, Superblock, MAX_OFFSET};
 use nvmq_log::layout::Geometry;
 use nvmq_log::shared::IndexEntry;
 use nvmq_log::state::{decode_create, Registry};
@@ -404,7 +404,23 @@ fn replay(
                         r.header.position, r.header.offset
                     ));
                 }
-                next.insert(id, expect + u64::from(r.header.span));
+                let end = expect
+                    .checked_add(u64::from(r.header.span))
+                    .filter(|&e| e <= MAX_OFFSET)
+                    .ok_or_else(|| {
+                        format!(
+                            "record at {} spans past the largest offset (partition {id}, \
+                             offset {expect}, span {})",
+                            r.header.position, r.header.span
+                        )
+                    })?;
+                next.insert(id, end);
+            }
+            RecordKind::CreatePartition if id == u32::MAX => {
+                return Err(format!(
+                    "record at {} creates partition {id}, an id never assigned",
+                    r.header.position
+                ));
             }
             RecordKind::CreatePartition => {
                 let (topic, idx) = decode_create(r.payload)?;

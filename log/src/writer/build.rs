@@ -138,6 +138,16 @@ impl<D: BlockDevice> Writer<D> {
                     };
                     let offset = st.next_offset;
                     let end = offset + u64::from(span);
+                    if end > crate::format::MAX_OFFSET {
+                        // Only a forged registry gets here (2^62 records); refuse, never wrap.
+                        let e = LogError::OffsetsExhausted {
+                            partition,
+                            next: offset,
+                            span,
+                        };
+                        self.answer(p.ack, Err(e));
+                        continue;
+                    }
                     st.next_offset = end;
                     let position = b.push_span(RecordKind::Data, partition, offset, span, &payload);
                     payload_bytes += payload.len() as u64;
@@ -170,6 +180,10 @@ impl<D: BlockDevice> Writer<D> {
                         continue;
                     }
                     let id = self.registry.next_id();
+                    if id == u32::MAX {
+                        self.answer(p.ack, Err(LogError::PartitionIdsExhausted(id)));
+                        continue;
+                    }
                     let payload = encode_create(&topic, idx);
                     let position = b.push(RecordKind::CreatePartition, id, 0, &payload);
                     self.registry.insert(id, topic.clone(), idx);

@@ -107,7 +107,8 @@ impl<D: BlockDevice> Writer<D> {
             let by_time = self
                 .cfg
                 .retain_time
-                .is_some_and(|t| b.timestamp_ms + (t.as_millis() as u64) < now.wall_ms);
+                // Timestamps come from the device: a forged one must not overflow.
+                .is_some_and(|t| b.timestamp_ms.saturating_add(t.as_millis() as u64) < now.wall_ms);
             let by_space = b.position < need;
             if !(by_size || by_time || by_space) {
                 break;
