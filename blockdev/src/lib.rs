@@ -14,7 +14,13 @@ mod buffer;
 pub mod contract;
 mod error;
 pub mod file;
-#[cfg(target_os = "linux")]
+// The NVMe backend needs Linux (VFIO) and DMA/MMIO barriers, which `nvme/barrier.rs` has for
+// x86_64 and aarch64 only: elsewhere there is no `nvme` module, rather than one that builds with
+// wrong barriers (docs/nvme-ordering.md). Crates that use it repeat this cfg.
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 pub mod nvme;
 pub mod sim;
 mod sync;

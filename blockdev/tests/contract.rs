@@ -187,7 +187,10 @@ fn sim_with_linked_write_and_flush() {
     sim_suite("linked write+flush, virtual clock", cfg);
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 mod nvme_fake {
     use blockdev::contract::FakeNvmeFactory;
     use blockdev::nvme::fake::{self, FakeConfig};

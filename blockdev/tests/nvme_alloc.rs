@@ -1,7 +1,10 @@
 //! Steady-state NVMe I/O allocates nothing: a counting global allocator watches many writes,
 //! reads and flushes go through the driver and the software controller. Its own test binary, so
 //! the allocator counts nobody else's work.
-#![cfg(target_os = "linux")]
+#![cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -1,7 +1,10 @@
 //! The NVMe driver against the software controller: bring-up, I/O through the queues (wrap-around,
 //! PRP lists, MDTS splitting, doorbell batching, out-of-order completions), status errors,
 //! controller-fatal handling, the I/O timeout, and the refusals at open.
-#![cfg(target_os = "linux")]
+#![cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 
 use std::collections::HashMap;
 use std::time::Duration;

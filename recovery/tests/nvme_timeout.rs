@@ -1,7 +1,10 @@
 //! The threaded `Log` over the NVMe driver (on its software controller) when the drive stops
 //! answering: a flush that never completes must reach the producer as an error (the writer stops),
 //! never as an ack and never as a hang.
-#![cfg(target_os = "linux")]
+#![cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 
 use std::sync::mpsc;
 use std::time::Duration;

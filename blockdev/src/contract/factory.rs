@@ -65,10 +65,16 @@ impl DeviceFactory for SimFactory {
     }
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 pub use nvme::{FakeNvmeFactory, NvmeFactory};
 
-#[cfg(target_os = "linux")]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 mod nvme {
     use super::DeviceFactory;
     use crate::nvme::fake::{self, FakeConfig, FakeHandle, FakeHost};

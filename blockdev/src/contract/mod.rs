@@ -31,7 +31,10 @@ pub use data::{
     flush, max_transfer, reopen, reopen_in_flight, round_trip, write_isolation, Reopened,
 };
 pub use event_loop::{completion_fd, linked_flush};
-#[cfg(target_os = "linux")]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 pub use factory::{FakeNvmeFactory, NvmeFactory};
 pub use factory::{FileFactory, SimFactory};
 pub use failure::ContractFailure;

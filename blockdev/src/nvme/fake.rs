@@ -6,7 +6,15 @@
 //! walks PRP1/PRP2/PRP lists on its own, and posts completion entries with phase tags. Commands run
 //! synchronously when their doorbell is written, as far as the completion queue has room.
 //! Faults are injected through a [`FakeHandle`]. Steady-state I/O allocates nothing.
+//!
+//! Ordering, the device side of [`super::barrier`]: submission entries are read inside
+//! [`Host::write32`] of the doorbell, on the thread that wrote them, so it sees them in program
+//! order. Completions may be posted from another thread (a [`FakeHandle`] releasing held or
+//! stalled commands while the driver polls), so an entry is posted as a controller posts it: the
+//! body first, then the status word with the phase tag in one Release store, which pairs with the
+//! driver's `after_phase_tag` (at least an Acquire fence on every target the driver builds for).
 
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::command::{admin, io, Cqe, Sqe};
@@ -514,6 +522,8 @@ impl State {
                 return;
             }
             let mut raw = [0u8; 64];
+            // No barrier: we run inside the doorbell's write32, after the driver's stores to the
+            // entry in program order and under the state lock (see the module doc).
             if !self.read_dma(sq.base + u64::from(sq.head) * 64, &mut raw) {
                 // The driver gave a queue address it never mapped: a real device would fault.
                 self.csts |= csts::CFS;
@@ -569,8 +579,7 @@ impl State {
             return;
         };
         cqe.status = (cqe.status & !1) | u16::from(cq.phase);
-        let ok = self.write_dma(cq.base + u64::from(cq.tail) * 16, &as_bytes(&cqe));
-        if !ok {
+        if !self.publish_cqe(cq.base + u64::from(cq.tail) * 16, &cqe) {
             self.csts |= csts::CFS;
             return;
         }
@@ -580,6 +589,27 @@ impl State {
                 c.phase = !c.phase;
             }
         }
+    }
+
+    /// Writes a completion entry the way a controller must: its phase tag (in the status word)
+    /// becomes visible only after the rest of the entry and everything the command wrote. False
+    /// when the driver never mapped the slot (or misaligned it): a real device would fault.
+    fn publish_cqe(&self, iova: u64, cqe: &Cqe) -> bool {
+        let Some(p) = self.translate(iova, 16) else {
+            return false;
+        };
+        if !(p as usize).is_multiple_of(2) {
+            return false;
+        }
+        let bytes = as_bytes(cqe);
+        // SAFETY: as in read_dma; translate checked the 16 bytes lie inside one mapping.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, 14) };
+        // SAFETY: bytes 14..16 of the entry lie inside the mapping (above) and are 2-byte aligned
+        // (checked); the mapping outlives this call (dma_map's contract), and the driver only
+        // ever reads this word.
+        let status = unsafe { AtomicU16::from_ptr(p.add(14).cast::<u16>()) };
+        status.store(cqe.status, Ordering::Release);
+        true
     }
 
     fn admin(&mut self, sqe: &Sqe) -> (u16, u32) {

@@ -7,8 +7,11 @@
 //! Layout: [`sys`] is the seam to the machine ([`Host`]), [`vfio`] the real host, [`fake`] a
 //! software controller for tests; [`regs`], [`command`], [`queue`], [`prp`], [`status`] and
 //! [`identify`] hold the NVMe formats; [`dma`] the arenas and buffer pool; [`controller`] the
-//! bring-up; [`device`] the [`BlockDevice`](crate::BlockDevice).
+//! bring-up; [`device`] the [`BlockDevice`](crate::BlockDevice); [`barrier`] the memory barriers
+//! between DMA memory and doorbells, which exist for x86_64 and aarch64 only (hence the gate on
+//! this module in `lib.rs`).
 
+pub mod barrier;
 pub mod command;
 pub mod controller;
 pub mod device;

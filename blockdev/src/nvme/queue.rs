@@ -3,10 +3,12 @@
 //! Submissions only write the entry into memory; the tail doorbell is written once for a batch by
 //! [`QueuePair::ring_submissions`]. Completions are found by their phase tag, which the controller
 //! inverts on every pass over the queue; the head doorbell is written once per batch reaped.
+//! The three points where memory and doorbells must be ordered for the controller call
+//! [`super::barrier`].
 
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, Ordering};
 
+use super::barrier;
 use super::command::{Cqe, Sqe};
 use super::regs;
 use super::sys::Host;
@@ -99,8 +101,9 @@ impl QueuePair {
         if self.sq_tail == self.sq_rung {
             return false;
         }
-        // The entries must be visible in memory before the controller learns of them.
-        fence(Ordering::Release);
+        // The entries (and the PRP lists and data they point at) must be visible to the controller
+        // before it learns of them.
+        barrier::before_submission_doorbell();
         host.write32(self.sq_doorbell, u32::from(self.sq_tail));
         self.sq_rung = self.sq_tail;
         true
@@ -116,8 +119,9 @@ impl QueuePair {
         if (status & 1 == 1) != self.phase {
             return None;
         }
-        // The rest of the entry must not be read before the phase tag that vouches for it.
-        fence(Ordering::Acquire);
+        // The rest of the entry (and the data it completes) must not be read before the phase tag
+        // that vouches for it.
+        barrier::after_phase_tag();
         // SAFETY: as above.
         let cqe = unsafe { slot.read_volatile() };
         self.cq_head = self.next(self.cq_head);
@@ -134,6 +138,8 @@ impl QueuePair {
         if self.cq_unacked == 0 {
             return false;
         }
+        // The reaped entries must be read before the controller may overwrite their slots.
+        barrier::before_completion_doorbell();
         host.write32(self.cq_doorbell, u32::from(self.cq_head));
         self.cq_unacked = 0;
         true
@@ -145,9 +151,10 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::nvme::barrier::trace::{self, Event};
     use crate::nvme::sys::{HostError, IovaRange, Memlock, Memory};
 
-    /// Records register writes; no controller behind it.
+    /// Records register writes (also into the barrier trace); no controller behind it.
     #[derive(Default)]
     struct Recorder(Mutex<Vec<(usize, u32)>>);
 
@@ -162,6 +169,7 @@ mod tests {
             0
         }
         fn write32(&self, offset: usize, value: u32) {
+            trace::record(Event::Mmio(offset, value));
             self.0.lock().unwrap().push((offset, value));
         }
         fn config_read16(&self, _offset: u64) -> Result<u16, HostError> {
@@ -264,5 +272,48 @@ mod tests {
         q.rewind(t);
         assert!(!q.ring_submissions(&host));
         assert!(host.take().is_empty());
+    }
+
+    /// No observable test of the barriers themselves is possible on x86-64 (TSO: the hardware
+    /// never reorders what they order), so this pins where they are: each doorbell write comes
+    /// right after its barrier, and a completion is read only after the phase barrier. It fails if
+    /// a barrier is dropped or a doorbell is moved before it.
+    #[test]
+    fn each_doorbell_follows_its_barrier_and_each_completion_the_phase_barrier() {
+        let mem = Memory::anonymous(8192).unwrap();
+        let (mut q, _, cq) = pair(&mem);
+        let host = Recorder::default();
+        trace::take();
+
+        q.push(&Sqe::flush(1).with_cid(7));
+        q.push(&Sqe::flush(1).with_cid(8));
+        assert!(trace::take().is_empty(), "pushing only writes memory");
+        q.ring_submissions(&host);
+        assert_eq!(
+            trace::take(),
+            [Event::BeforeSubmissionDoorbell, Event::Mmio(0x1008, 2)]
+        );
+
+        assert!(q.pop().is_none());
+        assert!(
+            trace::take().is_empty(),
+            "no new phase tag, nothing read, no barrier"
+        );
+        post(cq, 0, 7, true);
+        post(cq, 1, 8, true);
+        assert_eq!(q.pop().map(|c| c.cid), Some(7));
+        assert_eq!(q.pop().map(|c| c.cid), Some(8));
+        assert!(q.pop().is_none());
+        assert_eq!(trace::take(), [Event::AfterPhaseTag, Event::AfterPhaseTag]);
+        q.ring_completions(&host);
+        assert_eq!(
+            trace::take(),
+            [Event::BeforeCompletionDoorbell, Event::Mmio(0x100C, 2)]
+        );
+
+        // Nothing new: no doorbell, and no barrier paid for it.
+        assert!(!q.ring_submissions(&host));
+        assert!(!q.ring_completions(&host));
+        assert!(trace::take().is_empty());
     }
 }

@@ -5,18 +5,27 @@
 //! `NVME-CHECK FAIL` (exit status 1). It overwrites data on the namespace.
 #![forbid(unsafe_code)]
 
-#[cfg(target_os = "linux")]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 fn main() {
     std::process::exit(linux::run());
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
 fn main() {
-    eprintln!("nvme-check: the NVMe driver needs Linux (VFIO)");
+    eprintln!("nvme-check: the NVMe driver needs Linux (VFIO) on x86_64 or aarch64");
     std::process::exit(2);
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 mod linux {
     use std::time::Duration;
 

@@ -12,18 +12,27 @@
 //! process crashes, recovery and controller reset, not power cuts.
 #![forbid(unsafe_code)]
 
-#[cfg(target_os = "linux")]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 fn main() {
     std::process::exit(linux::run());
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
 fn main() {
-    eprintln!("nvme-crash-cycle: the NVMe driver needs Linux (VFIO)");
+    eprintln!("nvme-crash-cycle: the NVMe driver needs Linux (VFIO) on x86_64 or aarch64");
     std::process::exit(2);
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 mod linux {
     use std::collections::BTreeMap;
     use std::io::{BufRead, BufReader, Write};
