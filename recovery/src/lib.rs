@@ -106,6 +106,16 @@ pub fn recover_with<D: BlockDevice + ?Sized>(
     dev: &mut D,
     mode: IndexMode,
 ) -> Result<(Resume, RecoveryReport), RecoveryError> {
+    recover_for(dev, mode, None)
+}
+
+/// [`recover_with`]; given the configuration of the writer that will run on the device, also
+/// refuses, before writing anything, a queue too shallow for that writer.
+fn recover_for<D: BlockDevice + ?Sized>(
+    dev: &mut D,
+    mode: IndexMode,
+    writer: Option<&LogConfig>,
+) -> Result<(Resume, RecoveryReport), RecoveryError> {
     let started = Instant::now();
     // 1. Nothing read before this flush may be trusted as durable.
     flush_sync(dev).map_err(|source| RecoveryError::Device {
@@ -115,6 +125,12 @@ pub fn recover_with<D: BlockDevice + ?Sized>(
     let copies = read_superblocks(dev);
     let (choice, geo) = prepare(dev, &copies)?;
     let sb = choice.chosen;
+    // Before the first write (the fence below): a device whose blocks outgrew the log's write
+    // unit, or that cannot transfer one, is refused untouched (`Geometry::check_device`).
+    let io = geo.check_device(dev.info())?;
+    if let Some(cfg) = writer {
+        io.check_queue(dev.queue_depth(), &geo, cfg)?;
+    }
 
     // 2–3. Scan from the recovery point, probe past the stop, decide.
     let scanned = scan::recover_scan(dev, &geo, &sb)?;
@@ -210,7 +226,7 @@ pub fn open_with<D: BlockDevice>(
     cfg: LogConfig,
     mode: IndexMode,
 ) -> Result<(Writer<D>, RecoveryReport), RecoveryError> {
-    let (resume, report) = recover_with(&mut dev, mode)?;
+    let (resume, report) = recover_for(&mut dev, mode, Some(&cfg))?;
     let w = Writer::new(dev, cfg, resume)?;
     Ok((w, report))
 }
@@ -220,7 +236,7 @@ pub fn open<D: BlockDevice>(
     mut dev: D,
     cfg: LogConfig,
 ) -> Result<(Writer<D>, RecoveryReport), RecoveryError> {
-    let (resume, report) = recover(&mut dev)?;
+    let (resume, report) = recover_for(&mut dev, IndexMode::Background, Some(&cfg))?;
     let w = Writer::new(dev, cfg, resume)?;
     Ok((w, report))
 }
@@ -240,18 +256,9 @@ pub(crate) fn prepare<D: BlockDevice + ?Sized>(
             needed,
         });
     }
-    if sb.write_unit % dev.info().logical_block_size != 0 {
-        return Err(RecoveryError::Damage {
-            position: 0,
-            what: format!(
-                "write unit {} is not a multiple of the device's logical block size {}",
-                sb.write_unit,
-                dev.info().logical_block_size
-            ),
-        });
-    }
-    Ok((
-        choice,
-        Geometry::from_superblock(&sb, dev.info().logical_block_size),
-    ))
+    // Only what reading needs: a read-only examination may look at a log on a device it could
+    // not be written on (to drain it before a new format there).
+    let geo = Geometry::from_superblock(&sb, dev.info().logical_block_size);
+    geo.check_readable(dev.info())?;
+    Ok((choice, geo))
 }

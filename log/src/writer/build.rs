@@ -8,7 +8,8 @@ impl<D: BlockDevice> Writer<D> {
     pub(super) fn maybe_write(&mut self, now: Now) -> bool {
         let mut moved = false;
         loop {
-            if self.writes_in_flight >= self.cfg.max_writes_in_flight || self.free_bufs.len() < 2 {
+            if self.writes_in_flight >= self.cfg.max_writes_in_flight || !self.buffers_for_a_batch()
+            {
                 return moved;
             }
             let want_checkpoint = !self.checkpoint_in_flight
@@ -83,7 +84,7 @@ impl<D: BlockDevice> Writer<D> {
             )));
             return;
         }
-        let Some(mut buf) = self.free_bufs.pop() else {
+        let Some(mut buf) = self.take_batch_buffer() else {
             return;
         };
         buf.set_len(buf.capacity());
@@ -105,7 +106,7 @@ impl<D: BlockDevice> Writer<D> {
     }
 
     pub(super) fn write_records(&mut self, room: usize, now: Now) {
-        let Some(mut buf) = self.free_bufs.pop() else {
+        let Some(mut buf) = self.take_batch_buffer() else {
             return;
         };
         buf.set_len(buf.capacity());
@@ -253,24 +254,35 @@ impl<D: BlockDevice> Writer<D> {
             // Readers at the tail are served this copy once the batch is durable.
             self.shared.cache().stage(position, &buf[..len]);
         }
-        let segs = self.geo.segments(position, len as u64);
-        let mut ios = vec![];
-        if segs[1].1 > 0 {
-            // The batch crosses the ring's end: its second part goes out of its own buffer.
-            let Some(mut second) = self.free_bufs.pop() else {
-                self.fail(LogError::Config("no buffer for a wrapped batch".into()));
+        // One write per piece: the batch crosses the ring's end, or is larger than the device's
+        // maximum transfer (a log moved to a device that transfers less than it was formatted
+        // with). The batch counts as written only when every piece completed (`ios_left`), so D,
+        // the flushes and the acks treat it exactly as one write; at a cut its pieces may land
+        // or not independently, which is a torn batch like any other.
+        let pieces = self.geo.pieces(position, len as u64, self.io.max_io);
+        let Some(&(first_at, _, first_len)) = pieces.first() else {
+            self.free_bufs.push(buf);
+            return;
+        };
+        let mut rest = Vec::with_capacity(pieces.len() - 1);
+        for &(at, from, n) in &pieces[1..] {
+            // `maybe_write` saw a buffer for every piece before the batch was built.
+            let Some(mut piece) = self.take_io_buffer(n as usize) else {
+                self.fail(LogError::Config(format!(
+                    "no buffer for a piece of {n} B of a batch of {len} B (a writer bug)"
+                )));
                 return;
             };
-            let first = segs[0].1 as usize;
-            second.set_len(len - first);
-            second.copy_from_slice(&buf[first..len]);
-            buf.set_len(first);
-            ios.push((segs[0].0, buf));
-            ios.push((segs[1].0, second));
-        } else {
-            buf.set_len(len);
-            ios.push((segs[0].0, buf));
+            piece.set_len(n as usize);
+            piece.copy_from_slice(&buf[from as usize..(from + n) as usize]);
+            rest.push((at, piece));
         }
+        // The first piece goes out of the batch's own buffer, cut to its length (after the
+        // copies above took the bytes past it).
+        buf.set_len(first_len as usize);
+        let mut ios = Vec::with_capacity(pieces.len());
+        ios.push((first_at, buf));
+        ios.extend(rest);
         let n = ios.len() as u32;
         // One write, and nothing below it unwritten: its flush goes with it, started by the
         // device once the write completed (one wake-up instead of two for a lone producer).
@@ -319,6 +331,40 @@ impl<D: BlockDevice> Writer<D> {
             index,
             created,
         });
+    }
+}
+
+impl<D: BlockDevice> Writer<D> {
+    /// Whether the free buffers can carry one more batch: one to build it in (of a maximum
+    /// batch), and one for each further piece it may take.
+    pub(super) fn buffers_for_a_batch(&self) -> bool {
+        self.free_bufs.len() >= self.io.per_batch as usize
+            && self
+                .free_bufs
+                .iter()
+                .any(|b| b.capacity() as u64 >= self.geo.max_batch)
+    }
+
+    /// A free buffer of a maximum batch, to build a batch in.
+    pub(super) fn take_batch_buffer(&mut self) -> Option<IoBuffer> {
+        let max = self.geo.max_batch;
+        let i = self
+            .free_bufs
+            .iter()
+            .position(|b| b.capacity() as u64 >= max)?;
+        Some(self.free_bufs.swap_remove(i))
+    }
+
+    /// The smallest free buffer that holds `len` bytes, for one I/O (a piece of a batch, a
+    /// superblock): the buffers of a maximum batch stay free for building batches.
+    pub(super) fn take_io_buffer(&mut self, len: usize) -> Option<IoBuffer> {
+        let (i, _) = self
+            .free_bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len)
+            .min_by_key(|(_, b)| b.capacity())?;
+        Some(self.free_bufs.swap_remove(i))
     }
 }
 

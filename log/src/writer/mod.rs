@@ -30,7 +30,7 @@ use crate::config::{FlushMode, LogConfig, OnFull};
 use crate::format::{
     record_size, superblock_offset, BatchKind, RecordKind, Superblock, BATCH_HEADER_LEN,
 };
-use crate::layout::Geometry;
+use crate::layout::{Geometry, Transfers};
 use crate::shared::{IndexEntry, PartitionView, Shared};
 use crate::state::{encode_create, Registry, MAX_TOPIC_LEN};
 use crate::LogError;
@@ -201,7 +201,9 @@ pub(super) struct Unexpired {
 }
 
 struct ReadJob {
-    parts: [Option<Vec<u8>>; 2],
+    /// The bytes read so far, and where each piece's bytes go in them (by piece index).
+    data: Vec<u8>,
+    starts: Vec<usize>,
     left: u32,
     reply: Option<ReadFn>,
     failed: Option<LogError>,
@@ -211,6 +213,8 @@ struct ReadJob {
 pub struct Writer<D: BlockDevice> {
     dev: D,
     geo: Geometry,
+    /// How batches and reads are cut to the device's maximum transfer.
+    io: Transfers,
     cfg: LogConfig,
     /// Bytes between recovery points (the configured lag, bounded by what the ring allows).
     lag: u64,
@@ -267,9 +271,19 @@ pub struct Writer<D: BlockDevice> {
     pending_bytes: u64,
 }
 
-/// Buffers the writer allocates at start and recycles; bounds memory to this many max batches.
-fn buffer_count(cfg: &LogConfig) -> usize {
-    2 * cfg.max_writes_in_flight + 2
+/// Buffers the writer allocates at start and recycles, bounding its memory: (buffers of a
+/// maximum batch, buffers of one I/O). A batch is built in a buffer of the first kind, which then
+/// carries its first piece; each further piece goes out of any free buffer (`take_io_buffer`), so
+/// the second kind holds one for every further piece of every batch in flight. The first kind
+/// has two more than batches in flight, as before this split existed (a superblock write takes a
+/// buffer too). On a device that takes a whole batch in one transfer both kinds are maximum
+/// batches: 2 x writes in flight + 2 of them, as before.
+fn buffer_counts(cfg: &LogConfig, io: &Transfers) -> (usize, usize) {
+    let pieces = (io.per_batch as usize).saturating_sub(1);
+    (
+        cfg.max_writes_in_flight + 2,
+        pieces.saturating_mul(cfg.max_writes_in_flight),
+    )
 }
 
 impl<D: BlockDevice> Writer<D> {
@@ -286,17 +300,17 @@ impl<D: BlockDevice> Writer<D> {
                 "flushes in flight, writes in flight and queue capacity must be at least 1".into(),
             ));
         }
-        if geo.max_batch > u64::from(dev.info().max_transfer) * 2 {
-            return Err(LogError::Config(format!(
-                "maximum batch {} is larger than the device's maximum transfer {}",
-                geo.max_batch,
-                dev.info().max_transfer
-            )));
-        }
-        let mut free_bufs = Vec::new();
-        for _ in 0..buffer_count(&cfg) {
+        // Recovery made the same device checks before it wrote; this is for any other caller.
+        let io = geo.check_device(dev.info())?;
+        io.check_queue(dev.queue_depth(), &geo, &cfg)?;
+        let (batch_bufs, io_bufs) = buffer_counts(&cfg, &io);
+        let mut free_bufs = Vec::with_capacity(batch_bufs + io_bufs);
+        for size in [(batch_bufs, geo.max_batch), (io_bufs, io.max_io)]
+            .into_iter()
+            .flat_map(|(n, size)| std::iter::repeat_n(size, n))
+        {
             free_bufs.push(
-                dev.alloc_buffer(geo.max_batch as usize)
+                dev.alloc_buffer(size as usize)
                     .map_err(LogError::device("allocate batch buffers"))?,
             );
         }
@@ -319,6 +333,7 @@ impl<D: BlockDevice> Writer<D> {
         let mut w = Writer {
             dev,
             geo,
+            io,
             cfg,
             lag,
             volatile_cache,

@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// Low bits of a read's tag that name its piece; the bits above name the read.
+const READ_PIECE_BITS: u32 = 16;
+const READ_PIECE_MASK: u64 = (1 << READ_PIECE_BITS) - 1;
+
+/// The key of read `id` in `reads`, as its tags carry it (the bits that fit beside the piece
+/// index below the tag kind; ids come from the tag counter, so a key repeats only after 2^40
+/// I/Os, long after any read with it finished).
+fn read_key(id: u64) -> u64 {
+    ((id << READ_PIECE_BITS) & !TAG_KIND) >> READ_PIECE_BITS
+}
+
 impl<D: BlockDevice> Writer<D> {
     pub(super) fn start_read(&mut self, position: u64, len: u64, reply: ReadFn) {
         let head = self.head();
@@ -14,19 +25,26 @@ impl<D: BlockDevice> Writer<D> {
             }));
             return;
         }
-        let segs = self.geo.segments(position, len);
-        let id = self.bump_tag();
+        // Cut like a batch write: at the ring's end and to the device's maximum transfer.
+        let pieces = self.geo.pieces(position, len, self.io.max_io);
+        if pieces.len() as u64 > READ_PIECE_MASK {
+            reply(Err(LogError::Unavailable(format!(
+                "a read of {len} B would take {} device reads of at most {} B",
+                pieces.len(),
+                self.io.max_io
+            ))));
+            return;
+        }
+        let key = read_key(self.bump_tag());
         let mut job = ReadJob {
-            parts: [None, None],
+            data: vec![0; len as usize],
+            starts: pieces.iter().map(|&(_, from, _)| from as usize).collect(),
             left: 0,
             reply: Some(reply),
             failed: None,
         };
-        for (i, (off, n)) in segs.iter().enumerate() {
-            if *n == 0 {
-                continue;
-            }
-            let buf = match self.dev.alloc_buffer(*n as usize) {
+        for (i, &(off, _, n)) in pieces.iter().enumerate() {
+            let buf = match self.dev.alloc_buffer(n as usize) {
                 Ok(b) => b,
                 Err(e) => {
                     job.failed = Some(LogError::Device {
@@ -36,7 +54,7 @@ impl<D: BlockDevice> Writer<D> {
                     break;
                 }
             };
-            let tag = TAG_READ | (id << 1) | i as u64;
+            let tag = TAG_READ | (key << READ_PIECE_BITS) | i as u64;
             match self.dev.submit_read(tag, off / self.geo.logical_block, buf) {
                 Ok(()) => job.left += 1,
                 Err(e) => {
@@ -54,18 +72,29 @@ impl<D: BlockDevice> Writer<D> {
             }
             return;
         }
-        self.reads.insert(id, job);
+        self.reads.insert(key, job);
     }
 
     pub(super) fn read_done(&mut self, c: Completion) {
-        let id = (c.tag & !TAG_KIND) >> 1;
-        let part = (c.tag & 1) as usize;
-        let Some(job) = self.reads.get_mut(&id) else {
+        let key = (c.tag & !TAG_KIND) >> READ_PIECE_BITS;
+        let piece = (c.tag & READ_PIECE_MASK) as usize;
+        let Some(job) = self.reads.get_mut(&key) else {
             return;
         };
         job.left -= 1;
         match (c.result, c.buffer) {
-            (Ok(()), Some(b)) => job.parts[part] = Some(b.to_vec()),
+            (Ok(()), Some(b)) => {
+                let at = job.starts.get(piece).copied();
+                match at.and_then(|at| job.data.get_mut(at..at + b.len())) {
+                    Some(dst) => dst.copy_from_slice(&b),
+                    None => {
+                        job.failed = Some(LogError::Unavailable(format!(
+                            "a read piece {piece} of {} B does not fit its read",
+                            b.len()
+                        )))
+                    }
+                }
+            }
             (Err(e), _) => {
                 job.failed = Some(LogError::Device {
                     op: "read the log",
@@ -77,16 +106,10 @@ impl<D: BlockDevice> Writer<D> {
         if job.left > 0 {
             return;
         }
-        if let Some(mut job) = self.reads.remove(&id) {
+        if let Some(mut job) = self.reads.remove(&key) {
             let result = match job.failed.take() {
                 Some(e) => Err(e),
-                None => {
-                    let mut out = job.parts[0].take().unwrap_or_default();
-                    if let Some(second) = job.parts[1].take() {
-                        out.extend_from_slice(&second);
-                    }
-                    Ok(out)
-                }
+                None => Ok(std::mem::take(&mut job.data)),
             };
             self.shared.lock().stats.reads += 1;
             if let Some(r) = job.reply.take() {

@@ -50,10 +50,10 @@ impl<D: BlockDevice> Writer<D> {
             durable_through: self.durable,
             ..cur
         };
-        let Some(mut buf) = self.free_bufs.pop() else {
+        let u = self.geo.write_unit as usize;
+        let Some(mut buf) = self.take_io_buffer(u) else {
             return false;
         };
-        let u = self.geo.write_unit as usize;
         buf.set_len(u);
         buf.fill(0);
         buf[..crate::format::SUPERBLOCK_LEN].copy_from_slice(&sb.encode());
