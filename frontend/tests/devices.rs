@@ -1,13 +1,14 @@
 //! More than one device: a topic's partitions spread over every device's log, each written by
 //! the writer of its own device (on its own event loop), read back from the right one, and found
-//! again on the right device after a restart, with each device's producer snapshots.
+//! again on the right device after a restart, with each device's producer snapshots; and a
+//! device whose writer stopped gets its appends refused at once, from either loop.
 
 mod common;
 
 use blockdev::sim::{SimDevice, SimHandle};
 use bytes::Bytes;
 use frontend::client::{record_batch, Client};
-use frontend::{Config, PartRef, Server};
+use frontend::{codes, Config, PartRef, Server};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
@@ -157,4 +158,73 @@ async fn partitions_spread_over_devices_and_come_back_on_theirs() {
         }
     }
     server.shutdown().expect("clean shutdown");
+}
+
+/// Creates the spread topic; returns where its partitions went.
+async fn create_spread(server: &Server, c: &mut Client) -> Vec<PartRef> {
+    let mut ct = CreatableTopic::default();
+    ct.name = name();
+    ct.num_partitions = PARTITIONS;
+    ct.replication_factor = 1;
+    let mut req = CreateTopicsRequest::default();
+    req.topics = vec![ct];
+    req.timeout_ms = 10_000;
+    let r = c.call(4, &req).await.unwrap();
+    assert_eq!(r.topics[0].error_code, 0);
+    server.broker().topics().map[TOPIC].clone()
+}
+
+/// The error code of one produce, which must be answered well before its 10 s timeout.
+async fn produce_code(c: &mut Client, part: i32, value: &[u8]) -> i16 {
+    let req = produce(part, record_batch(&[value], None));
+    let r = tokio::time::timeout(std::time::Duration::from_secs(5), c.call(7, &req))
+        .await
+        .expect("answered before the produce timeout")
+        .expect("produce");
+    r.responses[0].partition_responses[0].error_code
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_to_a_stopped_writer_are_refused_at_once_from_either_loop() {
+    let (d0, _h0) = device(31);
+    let (d1, h1) = device(32);
+    let server = serve(vec![d0, d1]);
+    // Connections are dealt to loops 0 and 1 in turn: one appends to device 1 across loops, the
+    // other on the loop hosting it.
+    let mut a = Client::connect(server.local_addr(), "a").await.unwrap();
+    let mut b = Client::connect(server.local_addr(), "b").await.unwrap();
+    let placed = create_spread(&server, &mut a).await;
+    let on = |dev: u16| {
+        placed
+            .iter()
+            .position(|p| p.dev == dev)
+            .map(|i| i as i32)
+            .expect("a partition on each device")
+    };
+    let (p0, p1) = (on(0), on(1));
+    assert_eq!(produce_code(&mut a, p1, b"before").await, codes::NONE);
+    h1.fail_next_flush();
+    // The append in flight when the flush fails gets the writer's error ...
+    assert_eq!(
+        produce_code(&mut a, p1, b"failing").await,
+        codes::KAFKA_STORAGE_ERROR
+    );
+    assert!(server.broker().logs()[1].fatal().is_some());
+    // ... and so does every later one, at once, whichever loop the connection is on.
+    for c in [&mut a, &mut b] {
+        for _ in 0..3 {
+            assert_eq!(
+                produce_code(c, p1, b"after").await,
+                codes::KAFKA_STORAGE_ERROR
+            );
+        }
+    }
+    // The other device's writer is unaffected (stopping the process is `nvmq serve`'s call).
+    assert_eq!(produce_code(&mut b, p0, b"elsewhere").await, codes::NONE);
+    let started = std::time::Instant::now();
+    tokio::task::spawn_blocking(move || server.shutdown().map(drop))
+        .await
+        .expect("shutdown thread")
+        .expect("shutdown");
+    assert!(started.elapsed() < std::time::Duration::from_secs(15));
 }

@@ -151,17 +151,53 @@ impl DeviceSpec {
                         std::fs::create_dir_all(dir)
                             .with_context(|| format!("creating {}", dir.display()))?;
                     }
-                    let dev = FileDevice::create(p, size, file_opts, |d| init(d))
+                    let mut dev = FileDevice::create(p, size, file_opts, |d| init(d))
                         .with_context(|| format!("creating device file {}", p.display()))?;
+                    arm_fault_seam(&mut dev, p)?;
                     return Ok(Box::new(dev));
                 }
                 let mut dev = FileDevice::open(p, file_opts)
                     .with_context(|| format!("opening device {}", p.display()))?;
                 init(&mut dev)?;
+                arm_fault_seam(&mut dev, p)?;
                 Ok(Box::new(dev))
             }
         }
     }
+}
+
+/// Fault-injection seam, for tests of the running binary only: with
+/// `NVMQ_FAULT_FLUSH_FAIL_AFTER=N` in the environment, every file device this process opens lets
+/// N flushes succeed and fails the next one with EIO, as a failed `fdatasync` would (the device
+/// stops, and so does its log's writer). It exists so that a test can make `nvmq serve` meet a
+/// flush failure from outside the process; nothing else reads it, and it costs nothing unset.
+pub const FAULT_FLUSH_FAIL_AFTER: &str = "NVMQ_FAULT_FLUSH_FAIL_AFTER";
+
+/// EIO, what the injected flush failure reports (the same number on Linux and macOS).
+const EIO: i32 = 5;
+
+/// Arms [`FAULT_FLUSH_FAIL_AFTER`] on a file device just opened, when it is set.
+fn arm_fault_seam(dev: &mut FileDevice, path: &std::path::Path) -> Result<()> {
+    let Some(v) = std::env::var_os(FAULT_FLUSH_FAIL_AFTER) else {
+        return Ok(());
+    };
+    let after: u64 = v
+        .to_str()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| {
+            anyhow!(
+                "{FAULT_FLUSH_FAIL_AFTER}={v:?}: expected a whole number of flushes to let \
+                 succeed before one fails (a fault-injection seam for tests; unset it otherwise)"
+            )
+        })?;
+    tracing::warn!(
+        device = %path.display(),
+        after,
+        "FAULT INJECTION ({FAULT_FLUSH_FAIL_AFTER}): flush {} of this device will fail with EIO",
+        after.saturating_add(1)
+    );
+    dev.inject_flush_failure_after(after, EIO);
+    Ok(())
 }
 
 /// `file:<path>` with trailing `,engine=...` and `,flush_fds=N` options in either order. Only a

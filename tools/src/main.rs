@@ -33,7 +33,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 #[command(name = "nvmq", version)]
 #[command(
     after_help = "Exit status: 0 success; 1 error (bad input, device refused); 2 usage error; \
-3 damage found (inspect, verify); 4 storage judged broken (check-storage).\n\
+3 damage found (inspect, verify); 4 storage judged broken (check-storage); 5 a device's \
+writer stopped after an I/O error (serve; restart it so that recovery runs).\n\
 Run `nvmq <command> --help` for each command's flags and examples."
 )]
 struct Cli {
@@ -85,6 +86,9 @@ pub enum Status {
     Damage,
     /// Storage judged unfit (check-storage).
     Broken,
+    /// A device's writer stopped after a failed write or flush (serve): nothing more can be
+    /// acknowledged until a restart runs recovery.
+    WriterStopped,
 }
 
 impl Status {
@@ -93,6 +97,7 @@ impl Status {
             Status::Ok => 0,
             Status::Damage => 3,
             Status::Broken => 4,
+            Status::WriterStopped => 5,
         }
     }
 }
@@ -150,7 +155,7 @@ fn main() -> ExitCode {
         Command::CheckStorage(a) => check_storage::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchRecovery(a) => bench_recovery::run(a).map(|()| Status::Ok),
-        Command::Serve(a) => serve::run(a).map(|()| Status::Ok),
+        Command::Serve(a) => serve::run(a),
         Command::KafkaBench(a) => kafka_bench::run(a).map(|()| Status::Ok),
     };
     match result {

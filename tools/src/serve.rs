@@ -3,14 +3,22 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use nvmq_log::{FlushMode, FormatOptions, LogConfig};
+use nvmq_log::{FlushMode, FormatOptions, Log, LogConfig};
 
 use crate::devspec::DeviceSpec;
+use crate::Status;
 
 const DEFAULT_DEVICE: &str = "file:./nvmq-data/nvmq.img";
+
+/// How often serve looks whether a writer stopped. Polled rather than waited for: a waiter on
+/// the log's condition variable would make every flush's notification a system call.
+const WATCH_EVERY: Duration = Duration::from_millis(50);
+/// How long the broker may take to stop after a writer stopped before the process exits anyway
+/// (recovery at the next start makes up for whatever it did not finish).
+const FAILED_STOP_BOUND: Duration = Duration::from_secs(5);
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -66,9 +74,17 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics on http://<addr>/metrics (e.g. 127.0.0.1:9464).
     #[arg(long)]
     pub metrics_addr: Option<String>,
+    /// After a device's writer stops (a failed write or flush), how long /metrics keeps
+    /// answering before the process exits with status 5; Kafka connections are answered and
+    /// closed at once. Raise it to your scrape interval to have the failure scraped.
+    #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "2s")]
+    pub writer_stop_grace: Duration,
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
+/// Serves until SIGINT/SIGTERM (a clean stop, [`Status::Ok`]) or until a device's writer stops
+/// after an I/O error ([`Status::WriterStopped`]: the caller exits with it so that a supervisor
+/// restarts the broker and recovery runs).
+pub fn run(args: ServeArgs) -> Result<Status> {
     let specs: Vec<DeviceSpec> = args
         .device
         .iter()
@@ -204,10 +220,78 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the signal runtime")?;
-    rt.block_on(stop_signal());
+    let stopped = rt.block_on(async {
+        tokio::select! {
+            _ = stop_signal() => None,
+            s = writer_stopped(server.broker().logs()) => Some(s),
+        }
+    });
+    if let Some((device, reason)) = stopped {
+        let name = args.device.get(device).map_or("?", String::as_str);
+        stop_after_writer_failure(server, device, name, &reason, args.writer_stop_grace);
+        return Ok(Status::WriterStopped);
+    }
     server.shutdown().context("stopping")?;
     println!("nvmq stopped");
-    Ok(())
+    Ok(Status::Ok)
+}
+
+/// The first device whose writer stopped, and why (checked every [`WATCH_EVERY`]).
+async fn writer_stopped(logs: &[Arc<Log>]) -> (usize, String) {
+    let mut every = tokio::time::interval(WATCH_EVERY);
+    loop {
+        every.tick().await;
+        for (i, l) in logs.iter().enumerate() {
+            if let Some(reason) = l.fatal() {
+                return (i, reason);
+            }
+        }
+    }
+}
+
+/// PostgreSQL's rule for a failed fsync: the broker does not go on looking healthy. It says why,
+/// stops accepting, answers what it holds (appends to the stopped writer get
+/// KAFKA_STORAGE_ERROR), closes its connections, and the caller exits non-zero so that the
+/// supervisor restarts it and recovery decides what the device holds. The stop is bounded by
+/// [`FAILED_STOP_BOUND`] whatever the clients do; /metrics keeps answering for `grace` after the
+/// failure was seen (its server lives until the process exits).
+fn stop_after_writer_failure(
+    server: frontend::Server,
+    device: usize,
+    name: &str,
+    reason: &str,
+    grace: Duration,
+) {
+    let seen = Instant::now();
+    let code = Status::WriterStopped.code();
+    tracing::error!(
+        device,
+        name,
+        reason,
+        "writer for device {device} ({name}) stopped: {reason}; exiting with status {code} so that recovery runs on restart"
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    // On a thread of its own, so that a stop that hangs (a writer that never answers) cannot
+    // keep the process alive: past the bound it is left behind and the process exits.
+    let spawned = std::thread::Builder::new()
+        .name("nvmq-stop".into())
+        .spawn(move || {
+            let r = server.shutdown().map(drop);
+            let _ = tx.send(r);
+        });
+    match spawned {
+        Ok(_) => match rx.recv_timeout(FAILED_STOP_BOUND) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "stopping the broker after the failure"),
+            Err(_) => tracing::warn!(
+                "the broker did not stop within {FAILED_STOP_BOUND:?}; exiting anyway"
+            ),
+        },
+        // The closure, and the server in it, were dropped: that stopped the loops (`Server`'s
+        // drop), without the bound.
+        Err(e) => tracing::warn!(error = %e, "cannot start a thread to stop the broker"),
+    }
+    std::thread::sleep(grace.saturating_sub(seen.elapsed()));
 }
 
 /// SIGINT or SIGTERM.

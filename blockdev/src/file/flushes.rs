@@ -32,6 +32,8 @@ pub(super) struct Flushes {
     failed: bool,
     /// Test seam: the errno the next `fdatasync` to complete reports instead of its result.
     inject: Option<i32>,
+    /// Test seam: after this many more `fdatasync`s complete, the next one reports the errno.
+    inject_after: Option<(u64, i32)>,
 }
 
 /// One flush description.
@@ -66,6 +68,7 @@ impl Flushes {
             waiting: Vec::with_capacity(depth),
             failed: false,
             inject: None,
+            inject_after: None,
         }
     }
 
@@ -76,6 +79,30 @@ impl Flushes {
 
     pub fn inject(&mut self, errno: i32) {
         self.inject = Some(errno);
+    }
+
+    /// The `fdatasync` that completes after `after` more have completed reports `errno`.
+    pub fn inject_after(&mut self, after: u64, errno: i32) {
+        self.inject_after = Some((after, errno));
+    }
+
+    /// The errno an injected failure puts in place of this `fdatasync`'s result, if any.
+    fn injected_now(&mut self) -> Option<i32> {
+        if let Some(errno) = self.inject.take() {
+            return Some(errno);
+        }
+        match &mut self.inject_after {
+            Some((0, errno)) => {
+                let errno = *errno;
+                self.inject_after = None;
+                Some(errno)
+            }
+            Some((n, _)) => {
+                *n -= 1;
+                None
+            }
+            None => None,
+        }
     }
 
     /// Takes a description with no `fdatasync` running, for a flush about to start; `None` when
@@ -107,7 +134,7 @@ impl Flushes {
         result: Result<(), DeviceError>,
         out: &mut Vec<Completion>,
     ) -> Next {
-        let result = match (self.inject.take(), result) {
+        let result = match (self.injected_now(), result) {
             (Some(errno), _) => Err(injected(errno)),
             (None, r) => r,
         };
@@ -299,6 +326,23 @@ mod tests {
         assert!(matches!(&out[0].result, Err(DeviceError::Io { .. })));
         assert_eq!(out[1].result, Err(stopped()));
         assert_eq!(out[2].result, Err(stopped()));
+    }
+
+    #[test]
+    fn a_failure_injected_after_n_flushes_hits_the_next_one_only() {
+        let mut f = Flushes::new(1, 8);
+        let mut out = Vec::new();
+        f.inject_after(2, libc::EIO);
+        for tag in 1..=2 {
+            assert_eq!(submit(&mut f, tag), Some(0));
+            assert_eq!(f.ran(0, tag, Ok(()), &mut out), Next::Nothing);
+            assert!(!f.failed());
+        }
+        assert_eq!(submit(&mut f, 3), Some(0));
+        assert_eq!(f.ran(0, 3, Ok(()), &mut out), Next::Nothing);
+        assert!(f.failed());
+        assert_eq!(tags(&out), vec![(1, true), (2, true), (3, false)]);
+        assert!(matches!(&out[2].result, Err(DeviceError::Io { .. })));
     }
 
     #[test]

@@ -259,6 +259,15 @@ impl FileDevice {
         self.flushes.inject(errno);
     }
 
+    /// Fault-injection seam (`NVMQ_FAULT_FLUSH_FAIL_AFTER` in the `nvmq` binary): the flush that
+    /// completes after `after` more flushes have completed reports `errno`, and the device stops
+    /// as after a real `fdatasync` failure. Lets a test fail a running broker's flush without
+    /// reaching into the process; costs one branch per completed flush.
+    #[doc(hidden)]
+    pub fn inject_flush_failure_after(&mut self, after: u64, errno: i32) {
+        self.flushes.inject_after(after, errno);
+    }
+
     /// Test seam: the `fdatasync` of the next flush that `submit_flush` starts at once (not one
     /// that waits for a description, not a linked one) waits, in the engine, until the returned
     /// hold is released or dropped, so that a test can keep one flush running. Dropping the device

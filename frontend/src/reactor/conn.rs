@@ -15,7 +15,7 @@ use bytes::BytesMut;
 use kafka_protocol::messages::ApiKey;
 use nvmq_log::{Appended, LogError};
 use slab::Slab;
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::fast::{self, ProduceSlot};
@@ -28,6 +28,9 @@ const INPUT_CHUNK: usize = 16 << 10;
 const BUFFER_KEEP: usize = 256 << 10;
 /// How often the loop looks for timed-out requests and idle connections.
 const TICK: Duration = Duration::from_millis(100);
+/// How long a closing connection may take to write the answers it already has (a client that
+/// does not read must not hold up a shutdown).
+const CLOSE_FLUSH: Duration = Duration::from_secs(1);
 
 /// A connection of this loop, as tokens name it (slab key and generation, so that a late ack for
 /// a closed connection never reaches a new one in the same slot).
@@ -332,7 +335,15 @@ async fn serve(ctx: &Rc<LoopCtx>, r: ConnRef, st: &Rc<RefCell<ConnState>>, mut s
             let s = st.borrow();
             (s.closing, eof && s.fifo.is_empty())
         };
-        if closing || (done && sent == out.len()) {
+        if closing {
+            // The answers already made go out first: after a writer stopped, they are the errors
+            // that tell producers their appends failed (rather than a bare disconnect).
+            if let Some(rest) = out.get(sent..).filter(|r| !r.is_empty()) {
+                let _ = tokio::time::timeout(CLOSE_FLUSH, stream.write_all(rest)).await;
+            }
+            return;
+        }
+        if done && sent == out.len() {
             return;
         }
         if input.is_empty() && input.capacity() > BUFFER_KEEP {

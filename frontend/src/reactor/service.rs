@@ -95,6 +95,9 @@ pub(crate) struct LoopCtx {
     pub budget_waiters: RefCell<Vec<ConnRef>>,
     /// The durable positions last seen, to tell long-polling fetches when one moved.
     durable_seen: RefCell<Vec<u64>>,
+    /// Appends for a device whose writer is gone, answered with its error in the service's next
+    /// pass (not at once: the request's slot is not in its connection's FIFO yet).
+    refused: RefCell<Vec<TokenAck>>,
 }
 
 impl LoopCtx {
@@ -123,12 +126,15 @@ impl LoopCtx {
             // already busy collects appends for its next batch, group commit as usual. The acks
             // such a turn produces wait for the service's pass (the request's slot is not in its
             // connection's FIFO yet).
-            self.drive(device, |d| {
+            let hosted = self.drive(device, |d| {
                 d.append(partition, payload, span, token);
                 if d.quiet() {
                     d.turn();
                 }
             });
+            if !hosted {
+                self.refuse(device, token);
+            }
             self.kick.notify_one();
             return;
         }
@@ -154,16 +160,37 @@ impl LoopCtx {
         self.kick.notify_one();
     }
 
-    fn drive(&self, device: usize, f: impl FnOnce(&mut dyn Driver)) {
+    /// Runs `f` on the writer of `device`; false when this loop no longer hosts it (its writer
+    /// stopped and was dropped).
+    fn drive(&self, device: usize, f: impl FnOnce(&mut dyn Driver)) -> bool {
         let mut drivers = self.drivers.borrow_mut();
         match drivers.iter_mut().find(|(d, _)| *d == device) {
-            Some((_, drv)) => f(drv.as_mut()),
-            None => tracing::error!(
-                device,
-                loop_id = self.id,
-                "append for a device this loop does not host"
-            ),
+            Some((_, drv)) => {
+                f(drv.as_mut());
+                true
+            }
+            None => false,
         }
+    }
+
+    /// Answers an append whose device has no writer any more with the writer's own error (a
+    /// Produce gets KAFKA_STORAGE_ERROR at once instead of waiting for its timeout).
+    fn refuse(&self, device: usize, token: u64) {
+        let fatal = self.broker.logs().get(device).and_then(|l| l.fatal());
+        let err = match fatal {
+            Some(reason) => LogError::WriterStopped(reason),
+            None => {
+                if !self.server.stopping.load(Ordering::SeqCst) {
+                    tracing::error!(
+                        device,
+                        loop_id = self.id,
+                        "append for a device this loop does not host"
+                    );
+                }
+                LogError::Shutdown
+            }
+        };
+        self.refused.borrow_mut().push((token, Err(err)));
     }
 
     /// An append from another loop, for a writer of this one.
@@ -183,7 +210,9 @@ impl LoopCtx {
             bytes: 0,
         }) as u64;
         let (partition, payload, span) = (m.partition, m.payload, m.span);
-        self.drive(m.device, |d| d.append(partition, payload, span, token));
+        if !self.drive(m.device, |d| d.append(partition, payload, span, token)) {
+            self.refuse(m.device, token);
+        }
     }
 
     /// A writer of this loop answered `token`.
@@ -310,6 +339,7 @@ pub(crate) fn run_loop(
             budget_used: Cell::new(0),
             budget_waiters: RefCell::new(Vec::new()),
             durable_seen: RefCell::new(Vec::new()),
+            refused: RefCell::new(Vec::new()),
         });
         if let Some(l) = start.listener {
             match tokio::net::TcpListener::from_std(l) {
@@ -496,6 +526,7 @@ async fn service(ctx: Rc<LoopCtx>) {
                 waits.note(t, d.as_ref())
             });
         }
+        acks.append(&mut ctx.refused.borrow_mut());
         for (token, result) in acks.drain(..) {
             ctx.device_ack(token, result);
         }
