@@ -35,6 +35,22 @@ pub struct Config {
     /// A connection with nothing in flight that sends nothing for this long is closed (Kafka's
     /// connections.max.idle.ms); it also bounds a client that stops halfway through a frame.
     pub idle_timeout: std::time::Duration,
+    /// Bytes one connection may hold: requests read and not yet answered plus answers not yet
+    /// sent. Past it the connection reads nothing more until its client takes its answers (a
+    /// connection holding nothing may always start one request, so a frame up to `max_frame`
+    /// still goes through).
+    pub max_connection_bytes: usize,
+    /// The same bytes over all connections (Kafka's queued.max.request.bytes): past it no
+    /// connection starts a request until some are answered and sent.
+    pub max_queued_bytes: usize,
+    /// Largest Fetch answer, whatever the request's max_bytes (Kafka's broker fetch.max.bytes).
+    pub fetch_max_bytes: usize,
+    /// Connections open at once, in total and from one client address; one more is closed at
+    /// once (Kafka's max.connections and max.connections.per.ip).
+    pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+    /// A connection whose answers have waited this long for its client to read them is closed.
+    pub write_timeout: std::time::Duration,
     /// An idempotent producer not seen for this long is forgotten (Kafka's
     /// producer.id.expiration.ms); a later batch of it is taken as from a new producer.
     pub producer_id_expiration: Duration,
@@ -54,6 +70,12 @@ impl Default for Config {
             max_frame: 64 << 20,
             max_in_flight_per_connection: 1024,
             idle_timeout: Duration::from_secs(600),
+            max_connection_bytes: 64 << 20,
+            max_queued_bytes: 512 << 20,
+            fetch_max_bytes: 32 << 20,
+            max_connections: 16_384,
+            max_connections_per_ip: 4_096,
+            write_timeout: Duration::from_secs(60),
             producer_id_expiration: crate::producers::DEFAULT_EXPIRATION,
             ceiling: false,
         }

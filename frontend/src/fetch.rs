@@ -94,6 +94,9 @@ fn read_once(
     if ctx.version < 3 || budget == 0 {
         budget = i64::from(i32::MAX);
     }
+    // Whatever the client asks, one answer stays within the broker's cap (its memory is held
+    // until the client reads it); a client gets at least one batch and asks again.
+    budget = budget.min(i64::try_from(b.cfg.fetch_max_bytes).unwrap_or(i64::MAX));
     let mut total = 0i64;
     let mut failed = false;
     for t in &req.topics {

@@ -28,6 +28,7 @@ pub struct Metrics {
     /// Every device's log, in device order.
     logs: Mutex<Vec<(Arc<Shared>, Geometry)>>,
     recovery: Mutex<Option<RecoveryFigures>>,
+    front: Mutex<Option<FrontProbe>>,
 }
 
 impl Default for Metrics {
@@ -38,6 +39,9 @@ impl Default for Metrics {
 
 /// How a series is read from a device's figures.
 type Reader<T> = fn(&DeviceFigures) -> T;
+
+/// Reads the front door's (connections open, refused, queued bytes).
+type FrontProbe = Box<dyn Fn() -> (usize, u64, usize) + Send + Sync>;
 
 /// A per-device series: name, help, and how to read it.
 type Series<T> = (&'static str, &'static str, Reader<T>);
@@ -66,6 +70,7 @@ impl Metrics {
         Metrics {
             logs: Mutex::new(Vec::new()),
             recovery: Mutex::new(None),
+            front: Mutex::new(None),
         }
     }
 
@@ -73,6 +78,11 @@ impl Metrics {
     /// device, in device order. With more than one, every series carries `device="<i>"`.
     pub fn attach_log(&self, shared: Arc<Shared>, geometry: Geometry) {
         lock(&self.logs).push((shared, geometry));
+    }
+
+    /// The Kafka listener's connection and byte figures, once it runs.
+    pub fn attach_front(&self, probe: impl Fn() -> (usize, u64, usize) + Send + Sync + 'static) {
+        *lock(&self.front) = Some(Box::new(probe));
     }
 
     pub fn set_recovery(&self, r: &RecoveryReport) {
@@ -295,6 +305,30 @@ impl Metrics {
             ];
             for (name, help, v) in gauges {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+            }
+        }
+        if let Some(probe) = lock(&self.front).as_ref() {
+            let (open, refused, queued) = probe();
+            let series = [
+                ("nvmq_connections", "gauge", "Kafka connections open.", open as f64),
+                (
+                    "nvmq_connections_refused_total",
+                    "counter",
+                    "Connections closed at once for max_connections or max_connections_per_ip.",
+                    refused as f64,
+                ),
+                (
+                    "nvmq_queued_bytes",
+                    "gauge",
+                    "Bytes connections hold: requests read and not yet answered, answers not yet sent.",
+                    queued as f64,
+                ),
+            ];
+            for (name, kind, help, v) in series {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+                );
             }
         }
         out

@@ -50,6 +50,25 @@ pub struct ServeArgs {
     /// Largest request frame accepted.
     #[arg(long, default_value = "8M")]
     pub max_frame: String,
+    /// Bytes one connection may hold (requests read and not yet answered, answers not yet
+    /// sent); past it the connection reads nothing more until its client reads its answers.
+    #[arg(long, default_value = "64M")]
+    pub max_connection_bytes: String,
+    /// The same over all connections (Kafka's queued.max.request.bytes).
+    #[arg(long, default_value = "512M")]
+    pub max_queued_bytes: String,
+    /// Largest Fetch answer, whatever the client asks (Kafka's fetch.max.bytes).
+    #[arg(long, default_value = "32M")]
+    pub fetch_max_bytes: String,
+    /// Connections open at once; one more is closed at once.
+    #[arg(long, default_value_t = 16_384)]
+    pub max_connections: usize,
+    /// Connections open at once from one client address.
+    #[arg(long, default_value_t = 4_096)]
+    pub max_connections_per_ip: usize,
+    /// A connection whose answers wait this long for its client to read them is closed.
+    #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "60s")]
+    pub write_timeout: Duration,
     /// An idempotent producer not seen for this long is forgotten, in memory and in the
     /// snapshots (Kafka's producer.id.expiration.ms); a later batch of it counts as from a new
     /// producer.
@@ -92,6 +111,16 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         .collect::<Result<_>>()?;
     let size = crate::devspec::parse_size(&args.size)?;
     let max_frame = crate::devspec::parse_size(&args.max_frame)?;
+    let size_flag = |flag: &str, v: &str| -> Result<usize> {
+        let n = crate::devspec::parse_size(v).with_context(|| format!("--{flag} {v:?}"))?;
+        usize::try_from(n).map_err(|_| anyhow!("--{flag} {v:?}: too large"))
+    };
+    let max_connection_bytes = size_flag("max-connection-bytes", &args.max_connection_bytes)?;
+    let max_queued_bytes = size_flag("max-queued-bytes", &args.max_queued_bytes)?;
+    let fetch_max_bytes = size_flag("fetch-max-bytes", &args.fetch_max_bytes)?;
+    if args.max_connections == 0 || args.max_connections_per_ip == 0 {
+        bail!("--max-connections and --max-connections-per-ip must be at least 1");
+    }
     let flush: FlushMode = args.flush.parse().map_err(|e: String| anyhow!(e))?;
     if args.default_partitions == 0 {
         bail!("--default-partitions must be at least 1");
@@ -141,16 +170,16 @@ pub fn run(args: ServeArgs) -> Result<Status> {
             "flush mode always: every ack follows the device flush covering it; a power cut loses no acknowledged record".into()
         })
     );
+    let metrics = Arc::new(crate::metrics::Metrics::new());
     let _metrics_server = match &args.metrics_addr {
         Some(addr) => {
-            let metrics = Arc::new(crate::metrics::Metrics::new());
             for w in &writers {
                 metrics.attach_log(w.shared(), w.geometry());
             }
             if let Some(report) = reports.first() {
                 metrics.set_recovery(report);
             }
-            let server = crate::metrics::MetricsServer::start(addr.as_str(), metrics)
+            let server = crate::metrics::MetricsServer::start(addr.as_str(), metrics.clone())
                 .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
             println!("metrics on http://{}/metrics", server.local_addr());
             Some(server)
@@ -188,6 +217,12 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         max_frame: usize::try_from(max_frame).unwrap_or(usize::MAX),
         producer_id_expiration: args.producer_id_expiration,
         ceiling: args.ceiling,
+        max_connection_bytes,
+        max_queued_bytes,
+        fetch_max_bytes,
+        max_connections: args.max_connections,
+        max_connections_per_ip: args.max_connections_per_ip,
+        write_timeout: args.write_timeout,
         ..frontend::Config::default()
     };
     let opened = std::time::Instant::now();
@@ -200,6 +235,7 @@ pub fn run(args: ServeArgs) -> Result<Status> {
     };
     let server = frontend::Server::start(writers, listener, fcfg, opts)
         .context("opening the broker state")?;
+    metrics.attach_front(server.front_probe());
     let st = server.broker().startup();
     println!(
         "producer state: {} partitions from snapshots, {} replayed in full, {} records replayed, {} producers expired ({:.3} s)",

@@ -98,6 +98,10 @@ fn a_scrape_shows_the_acks_a_kafka_producer_got_and_the_flushes_behind_them() {
             let resp = c.call(7, &r).await.expect("produce");
             assert_eq!(resp.responses[0].partition_responses[0].error_code, 0);
         }
+        // While this connection is open, the front door counts it.
+        let during = scrape(&metrics);
+        assert!(value(&during, "nvmq_connections") >= 1.0, "{during}");
+        assert_eq!(value(&during, "nvmq_connections_refused_total"), 0.0);
     });
 
     let after = scrape(&metrics);

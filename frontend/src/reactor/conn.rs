@@ -19,6 +19,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::fast::{self, ProduceSlot};
+use super::limits::{Admission, Charge};
 use super::service::LoopCtx;
 use crate::conn::{self, Outcome, Parsed, Reply};
 
@@ -51,6 +52,13 @@ pub(crate) enum Slot {
 pub(crate) struct ConnState {
     gen: u64,
     fifo: VecDeque<Slot>,
+    /// Frame bytes of each request in `fifo`, and their sum.
+    sizes: VecDeque<usize>,
+    held: usize,
+    /// Since when answers have waited to be sent without the client taking any.
+    unsent_since: Option<Instant>,
+    /// Not reading for the byte budget: the tick wakes it to look again.
+    byte_wait: bool,
     /// Sequence number of `fifo[0]`.
     base_seq: u64,
     /// The connection's task, to be woken when its head slot completes.
@@ -85,6 +93,10 @@ impl Conns {
         let st = Rc::new(RefCell::new(ConnState {
             gen,
             fifo: VecDeque::new(),
+            sizes: VecDeque::new(),
+            held: 0,
+            unsent_since: None,
+            byte_wait: false,
             base_seq: 0,
             waker: None,
             woken: false,
@@ -217,11 +229,27 @@ fn spawn(ctx: &Rc<LoopCtx>, stream: TcpStream) {
     if ctx.server.stopping.load(Ordering::SeqCst) {
         return;
     }
+    let cfg = &ctx.broker.cfg;
+    let peer = stream.peer_addr().ok();
+    let admission = match ctx.server.limits.admit(
+        peer.map(|p| p.ip()),
+        cfg.max_connections,
+        cfg.max_connections_per_ip,
+    ) {
+        Ok(a) => a,
+        Err(why) => {
+            // Closed at once, as Kafka does; logged now and then, counted always.
+            if ctx.server.limits.warn_now() {
+                tracing::warn!(?peer, %why, refused = ctx.server.limits.refused(), "refusing connections");
+            }
+            return;
+        }
+    };
     let _ = stream.set_nodelay(true);
     let (r, st) = ctx.conns.insert();
     let ctx = ctx.clone();
     tokio::task::spawn_local(async move {
-        serve(&ctx, r, &st, stream).await;
+        serve(&ctx, r, &st, stream, admission).await;
         // Answers still owed are dropped: their appends complete, unrouted.
         ctx.conns.remove(r);
     });
@@ -238,7 +266,20 @@ pub(crate) async fn tick(ctx: Rc<LoopCtx>) {
         }
         let now = Instant::now();
         let idle = ctx.broker.cfg.idle_timeout;
+        let write_timeout = ctx.broker.cfg.write_timeout;
         ctx.conns.each(|st| {
+            if st.byte_wait {
+                st.byte_wait = false;
+                st.wake();
+            }
+            if st
+                .unsent_since
+                .is_some_and(|t| now.duration_since(t) >= write_timeout)
+            {
+                tracing::info!("closing a connection whose client does not read its answers");
+                st.closing = true;
+                st.wake();
+            }
             if let Some(Slot::Produce(p)) = st.fifo.front_mut() {
                 if p.expire(now) {
                     st.wake();
@@ -264,10 +305,28 @@ enum Event {
 }
 
 /// One connection: read and start requests, answer in order, one write per pass.
-async fn serve(ctx: &Rc<LoopCtx>, r: ConnRef, st: &Rc<RefCell<ConnState>>, mut stream: TcpStream) {
+async fn serve(
+    ctx: &Rc<LoopCtx>,
+    r: ConnRef,
+    st: &Rc<RefCell<ConnState>>,
+    mut stream: TcpStream,
+    _admission: Admission,
+) {
     let peer = stream.peer_addr().ok();
-    let max_in_flight = ctx.broker.cfg.max_in_flight_per_connection.max(1);
-    let max_frame = ctx.broker.cfg.max_frame;
+    let cfg = &ctx.broker.cfg;
+    let max_in_flight = cfg.max_in_flight_per_connection.max(1);
+    let max_frame = cfg.max_frame;
+    let limits = ctx.server.limits.clone();
+    let mut charge = Charge::new(limits.clone());
+    // Whether this connection may start requests (whose answers will take memory) or read
+    // more: all connections together hold less than their budget, and this one less than its
+    // own, counting what it has read of the next frame, unless it holds no requests and no
+    // answers (then one frame, up to max_frame, may come in whole).
+    let room = |st: &ConnState, unsent: usize, input: usize| {
+        let answers = st.held + unsent;
+        (answers == 0 || answers + input < cfg.max_connection_bytes)
+            && limits.queued() < cfg.max_queued_bytes
+    };
     let mut input = BytesMut::with_capacity(INPUT_CHUNK);
     let mut out: Vec<u8> = Vec::new();
     let mut sent = 0usize;
@@ -276,7 +335,10 @@ async fn serve(ctx: &Rc<LoopCtx>, r: ConnRef, st: &Rc<RefCell<ConnState>>, mut s
     loop {
         // Start every whole request that arrived, in order.
         let mut waiting_budget = false;
-        while !eof && st.borrow().fifo.len() < max_in_flight {
+        while !eof
+            && st.borrow().fifo.len() < max_in_flight
+            && room(&st.borrow(), out.len() - sent, 0)
+        {
             let at_budget = !ctx.budget_left();
             if at_budget && input.len() >= 6 && api_of(&input) == Some(ApiKey::Produce) {
                 waiting_budget = true;
@@ -291,6 +353,7 @@ async fn serve(ctx: &Rc<LoopCtx>, r: ConnRef, st: &Rc<RefCell<ConnState>>, mut s
                     break;
                 }
             };
+            let size = frame.len();
             let slot = match conn::parse(frame) {
                 Ok(Parsed::Answered(reply)) => Some(Slot::Future(reply)),
                 Ok(Parsed::Request(c, body)) => match c.api {
@@ -312,8 +375,20 @@ async fn serve(ctx: &Rc<LoopCtx>, r: ConnRef, st: &Rc<RefCell<ConnState>>, mut s
                 }
             };
             if let Some(slot) = slot {
-                st.borrow_mut().fifo.push_back(slot);
+                // An answer made at once (a Fetch with data at hand) is held until its turn:
+                // it counts too.
+                let size = match &slot {
+                    Slot::Ready(Outcome::Send(b)) => size + b.len(),
+                    _ => size,
+                };
+                let mut s = st.borrow_mut();
+                s.fifo.push_back(slot);
+                s.sizes.push_back(size);
+                s.held += size;
                 next_seq += 1;
+                drop(s);
+                // Held bytes count against every connection's room at once.
+                charge.set(st.borrow().held + out.len() - sent + input.len());
             }
         }
         if waiting_budget {
@@ -349,10 +424,28 @@ async fn serve(ctx: &Rc<LoopCtx>, r: ConnRef, st: &Rc<RefCell<ConnState>>, mut s
         if input.is_empty() && input.capacity() > BUFFER_KEEP {
             input = BytesMut::with_capacity(INPUT_CHUNK);
         }
-        let reading = !eof && !waiting_budget && st.borrow().fifo.len() < max_in_flight;
+        let unsent = out.len() - sent;
+        charge.set(st.borrow().held + unsent + input.len());
+        let has_room = {
+            let mut s = st.borrow_mut();
+            s.unsent_since = match (unsent, s.unsent_since) {
+                (0, _) => None,
+                (_, Some(t)) => Some(t),
+                (_, None) => Some(Instant::now()),
+            };
+            let room = room(&s, unsent, input.len());
+            s.byte_wait = !room;
+            room
+        };
+        let reading = !eof && !waiting_budget && has_room && st.borrow().fifo.len() < max_in_flight;
         if reading && input.capacity() - input.len() < INPUT_CHUNK / 4 {
-            let want = pending_frame_len(&input).unwrap_or(0).max(INPUT_CHUNK);
-            input.reserve(want);
+            // Grow with the bytes seen, not with the length a frame claims: a client that
+            // announces 64 MiB and sends nothing gets no 64 MiB buffer.
+            let want = pending_frame_len(&input)
+                .unwrap_or(0)
+                .saturating_sub(input.len())
+                .min(input.len().max(INPUT_CHUNK));
+            input.reserve(want.max(INPUT_CHUNK));
         }
         let event = std::future::poll_fn(|cx| {
             poll_event(cx, st, &mut stream, &mut input, &out, sent, reading)
@@ -362,7 +455,13 @@ async fn serve(ctx: &Rc<LoopCtx>, r: ConnRef, st: &Rc<RefCell<ConnState>>, mut s
             Event::Input(Ok(0)) | Event::Input(Err(_)) => eof = true,
             Event::Input(Ok(_)) => st.borrow_mut().last_active = Instant::now(),
             Event::Woken => {}
-            Event::Wrote(Ok(n)) => sent += n,
+            Event::Wrote(Ok(n)) => {
+                sent += n;
+                if n > 0 {
+                    // The client reads: the write timeout starts over.
+                    st.borrow_mut().unsent_since = Some(Instant::now());
+                }
+            }
             Event::Wrote(Err(e)) => {
                 tracing::debug!(?peer, error = %e, "write failed; closing");
                 return;
@@ -408,6 +507,8 @@ fn drain(st: &Rc<RefCell<ConnState>>, out: &mut Vec<u8>) -> bool {
         let Some(slot) = s.fifo.pop_front() else {
             return false;
         };
+        let size = s.sizes.pop_front().unwrap_or(0);
+        s.held -= size;
         s.base_seq += 1;
         match slot {
             Slot::Ready(Outcome::Send(b)) => out.extend_from_slice(&b),

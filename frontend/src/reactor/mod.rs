@@ -18,6 +18,7 @@ mod bell;
 mod conn;
 mod driver;
 mod fast;
+mod limits;
 mod service;
 
 use std::net::SocketAddr;
@@ -85,6 +86,8 @@ pub(crate) struct ServerShared {
     /// Stop at once, whatever the writers hold (a crash, for tests and the power-cut rig).
     pub killed: AtomicBool,
     pub opts: ServerOptions,
+    /// Connections open and bytes held, against the broker's limits.
+    pub limits: Arc<limits::Limits>,
 }
 
 /// A running broker: its loops, and the state they share.
@@ -134,6 +137,7 @@ impl Server {
             outstanding: AtomicU64::new(0),
             killed: AtomicBool::new(false),
             opts: opts.clone(),
+            limits: Arc::default(),
         });
         // Each writer goes to its loop; the logs (their handles) to the broker.
         let mut logs = Vec::new();
@@ -212,6 +216,25 @@ impl Server {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Connections open now, and how many were closed at once for a connection limit.
+    pub fn connections(&self) -> (usize, u64) {
+        let l = &self.shared.limits;
+        (l.open(), l.refused())
+    }
+
+    /// Bytes all connections hold: requests read and not yet answered, answers not yet sent
+    /// (bounded by `max_queued_bytes`, give or take one request per connection).
+    pub fn queued_bytes(&self) -> usize {
+        self.shared.limits.queued()
+    }
+
+    /// Reads (connections open, connections refused, queued bytes) from any thread, for
+    /// metrics; keeps working after the server is dropped (the last figures).
+    pub fn front_probe(&self) -> impl Fn() -> (usize, u64, usize) + Send + Sync + 'static {
+        let l = self.shared.limits.clone();
+        move || (l.open(), l.refused(), l.queued())
     }
 
     /// Event loops running.
