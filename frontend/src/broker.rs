@@ -151,6 +151,8 @@ pub struct Broker {
     append_permits: Arc<Semaphore>,
     /// Blocking reads running at once (they also take a slot in the log's queue).
     read_permits: Arc<Semaphore>,
+    /// ListOffsets by timestamp: samples per partition (`time_index.rs`).
+    time_index: Arc<crate::time_index::TimeIndex>,
     /// `__nvmq_meta` and `__consumer_offsets` (device 0).
     pub(crate) meta_partition: PartRef,
     pub(crate) offsets_partition: PartRef,
@@ -242,6 +244,7 @@ impl Broker {
             logs,
             append_permits: Arc::new(Semaphore::new(append_capacity as usize)),
             read_permits: Arc::new(Semaphore::new((permits / 8).max(1))),
+            time_index: Arc::default(),
             meta_partition: PartRef::new(0, internal.metas[0]),
             offsets_partition: PartRef::new(0, internal.offsets),
             metas: internal.metas,
@@ -345,6 +348,11 @@ impl Broker {
     ) -> Result<Appended, LogError> {
         let rx = self.append(partition, rec.encode(), 1).await?;
         rx.await.map_err(|_| LogError::Shutdown)?
+    }
+
+    /// The time index behind ListOffsets by timestamp.
+    pub fn time_index(&self) -> &Arc<crate::time_index::TimeIndex> {
+        &self.time_index
     }
 
     /// Runs a blocking call on device `dev`'s log off the runtime's threads.

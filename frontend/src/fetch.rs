@@ -217,8 +217,8 @@ pub fn list_offsets(b: &Arc<Broker>, ctx: &Ctx, req: ListOffsetsRequest) -> Repl
     })
 }
 
-/// The first record whose timestamp reaches `ts` (-3: the record with the largest timestamp).
-/// A linear scan of the partition: nvmq keeps no time index.
+/// The first record whose timestamp reaches `ts` (-3: the record with the largest timestamp),
+/// through the partition's time index.
 async fn by_time(
     b: &Broker,
     p: PartRef,
@@ -226,34 +226,9 @@ async fn by_time(
     end: u64,
     ts: i64,
 ) -> Result<Option<(i64, i64)>, LogError> {
-    let id = p.id;
+    let idx = b.time_index().clone();
     b.blocking(p.dev, move |log: &nvmq_log::Log| {
-        let mut next = start;
-        let mut best: Option<(i64, i64)> = None;
-        while next < end {
-            let recs = log.read(id, next, 1 << 20)?;
-            if recs.is_empty() {
-                break;
-            }
-            for r in recs {
-                next = r.offset + u64::from(r.span);
-                let Ok(info) = batch::header(&r.payload) else {
-                    continue;
-                };
-                let want = if ts == -3 { info.max_timestamp } else { ts };
-                if ts == -3 && best.is_some_and(|(_, t)| info.max_timestamp <= t) {
-                    continue;
-                }
-                if let Some((delta, t)) = batch::first_at_or_after(&r.payload, want) {
-                    let found = (r.offset as i64 + delta, t);
-                    if ts != -3 {
-                        return Ok(Some(found));
-                    }
-                    best = Some(found);
-                }
-            }
-        }
-        Ok(best)
+        idx.lookup(log, p, start, end, ts)
     })
     .await?
 }

@@ -22,6 +22,7 @@ pub mod reactor;
 pub mod server;
 pub mod shape;
 mod startup;
+pub mod time_index;
 pub mod versions;
 
 pub use broker::{Broker, Config, Startup};

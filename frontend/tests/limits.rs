@@ -7,11 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use frontend::client::{record_batch, request_frame, set_correlation_id, Client};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     ApiVersionsRequest, FetchRequest, MetadataRequest, ProduceRequest, TopicName,
 };
@@ -24,17 +22,7 @@ fn topic(n: &str) -> TopicName {
 }
 
 fn produce(t: &str, batch: Vec<u8>) -> ProduceRequest {
-    let mut p = PartitionProduceData::default();
-    p.index = 0;
-    p.records = Some(Bytes::from(batch));
-    let mut td = TopicProduceData::default();
-    td.name = topic(t);
-    td.partition_data = vec![p];
-    let mut r = ProduceRequest::default();
-    r.acks = -1;
-    r.timeout_ms = 10_000;
-    r.topic_data = vec![td];
-    r
+    common::produce_request(t, 0, batch, -1)
 }
 
 fn fetch(t: &str, max_bytes: i32) -> FetchRequest {

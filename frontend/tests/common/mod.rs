@@ -58,3 +58,26 @@ pub async fn serve(cfg: Config) -> (SocketAddr, Server) {
     let s = server_on(device(), cfg);
     (s.local_addr(), s)
 }
+
+/// A Produce of one batch to partition `part` of topic `t`, with a 10 s timeout.
+pub fn produce_request(
+    t: &str,
+    part: i32,
+    batch: Vec<u8>,
+    acks: i16,
+) -> kafka_protocol::messages::ProduceRequest {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::{ProduceRequest, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let mut p = PartitionProduceData::default();
+    p.index = part;
+    p.records = Some(bytes::Bytes::from(batch));
+    let mut td = TopicProduceData::default();
+    td.name = TopicName(StrBytes::from_string(t.to_string()));
+    td.partition_data = vec![p];
+    let mut r = ProduceRequest::default();
+    r.acks = acks;
+    r.timeout_ms = 10_000;
+    r.topic_data = vec![td];
+    r
+}
