@@ -40,8 +40,9 @@ pub struct Config {
     /// connection holding nothing may always start one request, so a frame up to `max_frame`
     /// still goes through).
     pub max_connection_bytes: usize,
-    /// The same bytes over all connections (Kafka's queued.max.request.bytes): past it no
-    /// connection starts a request until some are answered and sent.
+    /// The same bytes over all connections (Kafka's queued.max.request.bytes): past it only a
+    /// connection holding nothing starts a request (one that does not read cannot stall the
+    /// others), past twice it none, until some are answered and sent.
     pub max_queued_bytes: usize,
     /// Largest Fetch answer, whatever the request's max_bytes (Kafka's broker fetch.max.bytes).
     pub fetch_max_bytes: usize,
@@ -71,7 +72,7 @@ impl Default for Config {
             max_in_flight_per_connection: 1024,
             idle_timeout: Duration::from_secs(600),
             max_connection_bytes: 64 << 20,
-            max_queued_bytes: 512 << 20,
+            max_queued_bytes: 256 << 20,
             fetch_max_bytes: 32 << 20,
             max_connections: 16_384,
             max_connections_per_ip: 4_096,

@@ -54,8 +54,9 @@ pub struct ServeArgs {
     /// sent); past it the connection reads nothing more until its client reads its answers.
     #[arg(long, default_value = "64M")]
     pub max_connection_bytes: String,
-    /// The same over all connections (Kafka's queued.max.request.bytes).
-    #[arg(long, default_value = "512M")]
+    /// The same over all connections (Kafka's queued.max.request.bytes): past it only
+    /// connections holding nothing start a request, past twice it none.
+    #[arg(long, default_value = "256M")]
     pub max_queued_bytes: String,
     /// Largest Fetch answer, whatever the client asks (Kafka's fetch.max.bytes).
     #[arg(long, default_value = "32M")]

@@ -1,12 +1,6 @@
 //! `nvmq serve --metrics-addr`: a Prometheus scrape of the running broker shows the acks a
 //! Kafka producer got, the flushes behind them, the recovery and the writer's health.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
-
 use bytes::Bytes;
 use frontend::client::{record_batch, Client};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
@@ -14,59 +8,21 @@ use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProdu
 use kafka_protocol::messages::{MetadataRequest, ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
-fn scrape(addr: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect to /metrics");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .expect("send the scrape");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read the scrape");
-    out
-}
-
-fn value(body: &str, series: &str) -> f64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no {series} in:\n{body}"))
-        .parse()
-        .expect("a number")
-}
+mod common;
+use common::{metric as value, scrape};
 
 #[test]
 fn a_scrape_shows_the_acks_a_kafka_producer_got_and_the_flushes_behind_them() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nvmq"))
-        .args([
-            "serve",
-            "--device",
-            "sim:flush=200us,capacity=256M",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start nvmq serve");
-    let out = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let (mut kafka, mut metrics) = (None, None);
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if let Some(a) = line.strip_prefix("metrics on http://") {
-                metrics = a.strip_suffix("/metrics").map(str::to_string);
-            }
-            if let Some(a) = line.strip_prefix("nvmq serving Kafka on ") {
-                kafka = a.split(' ').next().map(str::to_string);
-            }
-            if let (Some(k), Some(m)) = (&kafka, &metrics) {
-                let _ = tx.send((k.clone(), m.clone()));
-                break;
-            }
-        }
-    });
-    let (kafka, metrics) = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("serve printed its Kafka and metrics addresses");
+    let serving = common::serve(&[
+        "--device",
+        "sim:flush=200us,capacity=256M",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]);
+    let kafka = serving.kafka.clone();
+    let metrics = serving.metrics.clone().expect("metrics address");
 
     let before = scrape(&metrics);
     assert!(before.starts_with("HTTP/1.1 200"), "{before}");
@@ -112,6 +68,5 @@ fn a_scrape_shows_the_acks_a_kafka_producer_got_and_the_flushes_behind_them() {
     assert!(value(&after, "nvmq_recovery_scanned_bytes") > 0.0);
     assert!(value(&after, "nvmq_log_used_bytes") > 0.0);
     assert_eq!(value(&after, "nvmq_scrub_damaged_batches"), 0.0);
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(serving);
 }

@@ -319,13 +319,17 @@ async fn serve(
     let limits = ctx.server.limits.clone();
     let mut charge = Charge::new(limits.clone());
     // Whether this connection may start requests (whose answers will take memory) or read
-    // more: all connections together hold less than their budget, and this one less than its
-    // own, counting what it has read of the next frame, unless it holds no requests and no
-    // answers (then one frame, up to max_frame, may come in whole).
+    // more. Its own bytes, counting what it has read of the next frame, stay under its budget,
+    // unless it holds no requests and no answers (then one frame, up to max_frame, may come in
+    // whole). All connections together: under the budget anyone may; past it only a connection
+    // that holds nothing (so that clients which do not read, holding the budget until the write
+    // timeout closes them, do not stall everyone else); past twice the budget no one.
     let room = |st: &ConnState, unsent: usize, input: usize| {
         let answers = st.held + unsent;
+        let queued = limits.queued();
         (answers == 0 || answers + input < cfg.max_connection_bytes)
-            && limits.queued() < cfg.max_queued_bytes
+            && (queued < cfg.max_queued_bytes
+                || (answers == 0 && queued / 2 < cfg.max_queued_bytes))
     };
     let mut input = BytesMut::with_capacity(INPUT_CHUNK);
     let mut out: Vec<u8> = Vec::new();

@@ -114,3 +114,92 @@ pub fn flip(p: &Path, offset: u64) {
     let old = read_file(p)[offset as usize];
     poke(p, offset, &[old ^ 0x40]);
 }
+
+/// `nvmq serve` running as a child, with the addresses it printed; killed when dropped.
+pub struct Serving {
+    pub child: std::process::Child,
+    pub kafka: String,
+    /// The metrics address, when `--metrics-addr` was given.
+    pub metrics: Option<String>,
+}
+
+/// Starts `nvmq serve <args>` (which should listen on port 0) and waits for it to print where it
+/// serves Kafka (and metrics, when `--metrics-addr` is among `args`).
+pub fn serve(args: &[&str]) -> Serving {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let want_metrics = args.contains(&"--metrics-addr");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nvmq"))
+        .arg("serve")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start nvmq serve");
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut kafka, mut metrics) = (None, None);
+        let mut sent = false;
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(a) = line.strip_prefix("metrics on http://") {
+                metrics = a.strip_suffix("/metrics").map(str::to_string);
+            }
+            if let Some(a) = line.strip_prefix("nvmq serving Kafka on ") {
+                kafka = a.split(' ').next().map(str::to_string);
+            }
+            if !sent && kafka.is_some() && (metrics.is_some() || !want_metrics) {
+                let _ = tx.send((kafka.clone(), metrics.clone()));
+                sent = true;
+            }
+        }
+    });
+    let (kafka, metrics) = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("serve printed its addresses");
+    Serving {
+        child,
+        kafka: kafka.expect("a Kafka address"),
+        metrics,
+    }
+}
+
+impl Serving {
+    /// A field of the server's /proc status in KiB (e.g. "VmRSS:", "VmHWM:"); 0 if unknown.
+    pub fn status_kib(&self, field: &str) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with(field))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One Prometheus scrape of `addr`'s /metrics, HTTP head included.
+pub fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to /metrics");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("send the scrape");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read the scrape");
+    out
+}
+
+/// The value of an unlabelled series in a scrape.
+pub fn metric(body: &str, series: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {series} in:\n{body}"))
+        .parse()
+        .expect("a number")
+}
