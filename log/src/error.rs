@@ -92,7 +92,8 @@ pub enum LogError {
         "the device's queue depth {queue_depth} is too shallow for this log: a batch of up to \
          {max_batch} B goes out in up to {ios_per_batch} writes of at most {max_io} B (the \
          device's maximum transfer), and with {writes} batch(es) and {flushes} flush(es) in \
-         flight and a superblock write the writer needs {needed} I/Os at once. Refusing to start \
+         flight, a superblock write and room for one read the writer needs {needed} I/Os at \
+         once. Refusing to start \
          the writer; lower max_writes_in_flight or max_flushes_in_flight, or use a device (or \
          driver setting) with a deeper queue or a larger maximum transfer"
     )]

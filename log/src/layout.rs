@@ -153,8 +153,8 @@ pub struct Transfers {
 
 impl Transfers {
     /// The I/Os the writer may have in the device's queue at once: the pieces of every batch
-    /// write it allows in flight, every flush, and one superblock write. Readers' I/Os come on
-    /// top of these and fail alone (never fatally) when the queue is full.
+    /// write it allows in flight, every flush, and one superblock write. Readers' I/Os get only
+    /// the slots beyond these (the writer holds them back until slots free up).
     pub fn writer_ios(&self, cfg: &LogConfig) -> usize {
         (self.per_batch as usize)
             .saturating_mul(cfg.max_writes_in_flight)
@@ -170,7 +170,8 @@ impl Transfers {
         geo: &Geometry,
         cfg: &LogConfig,
     ) -> Result<(), LogError> {
-        let needed = self.writer_ios(cfg);
+        // Room for one read too (as many I/Os as a batch), or readers could never run.
+        let needed = self.writer_ios(cfg).saturating_add(self.per_batch as usize);
         if needed > queue_depth {
             return Err(LogError::QueueTooShallow {
                 queue_depth,
@@ -318,15 +319,16 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_that_cannot_take_the_writers_ios_is_refused() {
+    fn a_queue_that_cannot_take_the_writers_ios_and_one_read_is_refused() {
         let g = geo();
         let t = g.check_device(&info(512, 4096, 0, 4096)).unwrap();
         let cfg = LogConfig::default(); // 1 write and 4 flushes in flight
         assert_eq!(t.writer_ios(&cfg), 3 + 4 + 1);
-        assert!(t.check_queue(8, &g, &cfg).is_ok());
-        let e = t.check_queue(7, &g, &cfg).unwrap_err();
+        // The writer's 8 and one read of up to 3 pieces.
+        assert!(t.check_queue(11, &g, &cfg).is_ok());
+        let e = t.check_queue(10, &g, &cfg).unwrap_err();
         assert!(
-            matches!(e, LogError::QueueTooShallow { needed: 8, .. }),
+            matches!(e, LogError::QueueTooShallow { needed: 11, .. }),
             "{e}"
         );
     }

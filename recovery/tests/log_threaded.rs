@@ -510,3 +510,53 @@ fn a_clean_shutdown_records_the_durable_point_in_the_superblock() {
         .expect("a valid superblock");
     assert_eq!(newest.durable_through, durable);
 }
+
+#[test]
+fn readers_never_take_the_queue_slots_a_batch_write_needs() {
+    // A queue of 16: the writer's own I/Os (2 writes of up to 2 pieces, 2 flushes, a superblock:
+    // 7) and room for one read (2) leave 7 slots for readers, and 32 threads read at once.
+    let mut c = SimConfig::new(55, 64 * MIB);
+    c.flush_latency = Latency::Fixed(Duration::from_micros(300));
+    c.write_latency = Latency::Fixed(Duration::from_micros(100));
+    c.queue_depth = 16;
+    let (dev, _h) = SimDevice::new(c);
+    let cfg = LogConfig {
+        max_writes_in_flight: 2,
+        max_flushes_in_flight: 2,
+        // Reads go to the device.
+        tail_cache_bytes: 0,
+        scrub_rate: 0,
+        ..LogConfig::default()
+    };
+    let log = Arc::new(start(dev, Some(&FormatOptions::default()), cfg));
+    let part = log.create_partition("t", 0).expect("create");
+    for i in 0..200u64 {
+        log.append_wait(part, vec![i as u8; 1000]).expect("append");
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..32u64)
+        .map(|t| {
+            let (log, stop) = (log.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let at = (t * 37 + n * 13) % 200;
+                    let recs = log.read(part, at, 1).expect("read");
+                    assert_eq!(recs[0].payload, vec![at as u8; 1000]);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    for i in 200..1200u64 {
+        let a = log
+            .append_wait(part, vec![i as u8; 1000])
+            .unwrap_or_else(|e| panic!("append {i} failed while readers read: {e}"));
+        assert_eq!(a.offset, i);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads: u64 = readers.into_iter().map(|r| r.join().expect("reader")).sum();
+    assert!(reads > 100, "only {reads} reads");
+    assert!(log.fatal().is_none(), "{:?}", log.fatal());
+}

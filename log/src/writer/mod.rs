@@ -256,6 +256,13 @@ pub struct Writer<D: BlockDevice> {
     /// The head the ring needs for the next batch to fit (0 when nothing waits for space).
     space_needed_head: u64,
     reads: HashMap<u64, ReadJob>,
+    /// Readers' I/Os in the device queue, and how many may be: what the queue holds beyond
+    /// the writer's own (`Transfers::writer_ios`), so that a read never takes the slot a batch
+    /// write needs (a write the device refuses for a full queue is fatal).
+    read_ios: usize,
+    read_slots: usize,
+    /// Reads waiting for slots, in arrival order.
+    reads_waiting: VecDeque<(u64, u64, ReadFn)>,
     completions: Vec<Completion>,
     last_activity_ns: u64,
     fatal: Option<LogError>,
@@ -303,6 +310,7 @@ impl<D: BlockDevice> Writer<D> {
         // Recovery made the same device checks before it wrote; this is for any other caller.
         let io = geo.check_device(dev.info())?;
         io.check_queue(dev.queue_depth(), &geo, &cfg)?;
+        let read_slots = dev.queue_depth().saturating_sub(io.writer_ios(&cfg));
         let (batch_bufs, io_bufs) = buffer_counts(&cfg, &io);
         let mut free_bufs = Vec::with_capacity(batch_bufs + io_bufs);
         for size in [(batch_bufs, geo.max_batch), (io_bufs, io.max_io)]
@@ -366,6 +374,9 @@ impl<D: BlockDevice> Writer<D> {
             full_since_ns: None,
             space_needed_head: 0,
             reads: HashMap::new(),
+            read_ios: 0,
+            read_slots,
+            reads_waiting: VecDeque::new(),
             completions: Vec::with_capacity(256),
             last_activity_ns: 0,
             fatal: None,
@@ -606,6 +617,7 @@ impl<D: BlockDevice> Writer<D> {
         }
         self.completions = comps;
         self.settle();
+        self.start_waiting_reads();
         if let Some(e) = self.failing.take() {
             self.fail(e);
         }
@@ -707,6 +719,9 @@ impl<D: BlockDevice> Writer<D> {
             if let Some(reply) = r.reply.take() {
                 reply(Err(stopped.clone()));
             }
+        }
+        for (_, _, reply) in std::mem::take(&mut self.reads_waiting) {
+            reply(Err(stopped.clone()));
         }
         self.shared.cache().discard_staged();
         self.fatal = Some(err);

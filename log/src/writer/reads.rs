@@ -13,7 +13,24 @@ fn read_key(id: u64) -> u64 {
     ((id << READ_PIECE_BITS) & !TAG_KIND) >> READ_PIECE_BITS
 }
 
+/// Reads that may wait for queue slots at once; more are refused as unavailable (the readers
+/// retry), so that waiting costs bounded memory.
+const MAX_READS_WAITING: usize = 4096;
+
 impl<D: BlockDevice> Writer<D> {
+    /// Starts the reads that waited for queue slots, in order, while they fit.
+    pub(super) fn start_waiting_reads(&mut self) {
+        while let Some(&(position, len, _)) = self.reads_waiting.front() {
+            let pieces = self.geo.pieces(position, len, self.io.max_io).len();
+            if self.read_ios + pieces > self.read_slots {
+                return;
+            }
+            if let Some((position, len, reply)) = self.reads_waiting.pop_front() {
+                self.submit_read(position, len, reply);
+            }
+        }
+    }
+
     pub(super) fn start_read(&mut self, position: u64, len: u64, reply: ReadFn) {
         let head = self.head();
         if position < head || position + len > self.durable || len > self.geo.max_batch {
@@ -35,6 +52,34 @@ impl<D: BlockDevice> Writer<D> {
             ))));
             return;
         }
+        // Only in the slots the writer's own I/Os leave (open refuses a queue without room for
+        // one read); reads wait their turn in order.
+        if !self.reads_waiting.is_empty() || self.read_ios + pieces.len() > self.read_slots {
+            if self.reads_waiting.len() >= MAX_READS_WAITING {
+                reply(Err(LogError::Unavailable(format!(
+                    "{MAX_READS_WAITING} reads already wait for the device"
+                ))));
+            } else {
+                self.reads_waiting.push_back((position, len, reply));
+            }
+            return;
+        }
+        self.submit_read(position, len, reply);
+    }
+
+    /// Submits a checked read's pieces (unless retention freed its bytes while it waited).
+    fn submit_read(&mut self, position: u64, len: u64, reply: ReadFn) {
+        let head = self.head();
+        if position < head {
+            reply(Err(LogError::OffsetOutOfRange {
+                partition: u32::MAX,
+                offset: position,
+                start: head,
+                end: self.durable,
+            }));
+            return;
+        }
+        let pieces = self.geo.pieces(position, len, self.io.max_io);
         let key = read_key(self.bump_tag());
         let mut job = ReadJob {
             data: vec![0; len as usize],
@@ -56,7 +101,10 @@ impl<D: BlockDevice> Writer<D> {
             };
             let tag = TAG_READ | (key << READ_PIECE_BITS) | i as u64;
             match self.dev.submit_read(tag, off / self.geo.logical_block, buf) {
-                Ok(()) => job.left += 1,
+                Ok(()) => {
+                    job.left += 1;
+                    self.read_ios += 1;
+                }
                 Err(e) => {
                     job.failed = Some(LogError::Device {
                         op: "submit a read",
@@ -78,6 +126,7 @@ impl<D: BlockDevice> Writer<D> {
     pub(super) fn read_done(&mut self, c: Completion) {
         let key = (c.tag & !TAG_KIND) >> READ_PIECE_BITS;
         let piece = (c.tag & READ_PIECE_MASK) as usize;
+        self.read_ios = self.read_ios.saturating_sub(1);
         let Some(job) = self.reads.get_mut(&key) else {
             return;
         };
