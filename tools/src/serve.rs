@@ -42,6 +42,11 @@ pub struct ServeArgs {
     /// Largest request frame accepted.
     #[arg(long, default_value = "8M")]
     pub max_frame: String,
+    /// Largest number of bytes the records of one compressed batch may decompress to: they
+    /// are decompressed (as a stream) to be counted and checked, and a batch yielding more is
+    /// refused with MESSAGE_TOO_LARGE. Bounds what a decompression bomb costs.
+    #[arg(long, default_value = "16M")]
+    pub max_uncompressed_batch: String,
     /// An idempotent producer not seen for this long is forgotten, in memory and in the
     /// snapshots (Kafka's producer.id.expiration.ms); a later batch of it counts as from a new
     /// producer.
@@ -76,6 +81,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .collect::<Result<_>>()?;
     let size = crate::devspec::parse_size(&args.size)?;
     let max_frame = crate::devspec::parse_size(&args.max_frame)?;
+    let max_uncompressed = crate::devspec::parse_size(&args.max_uncompressed_batch)?;
+    if max_uncompressed == 0 {
+        bail!("--max-uncompressed-batch must be positive (it bounds every compressed batch)");
+    }
     let flush: FlushMode = args.flush.parse().map_err(|e: String| anyhow!(e))?;
     if args.default_partitions == 0 {
         bail!("--default-partitions must be at least 1");
@@ -170,6 +179,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         auto_create_topics: !args.no_auto_create,
         default_partitions: args.default_partitions,
         max_frame: usize::try_from(max_frame).unwrap_or(usize::MAX),
+        max_uncompressed_batch: usize::try_from(max_uncompressed).unwrap_or(usize::MAX),
         producer_id_expiration: args.producer_id_expiration,
         ceiling: args.ceiling,
         ..frontend::Config::default()
