@@ -1,7 +1,9 @@
-//! Kafka RecordBatch (magic 2) headers: checked on produce, read back on fetch. Record bodies are
-//! never decoded or decompressed: the batch is stored as the producer sent it.
+//! Kafka RecordBatch (magic 2) headers: checked on produce, read back on fetch. On produce the
+//! records are checked too (`records`, decompressing as a stream), but the batch is stored as
+//! the producer sent it, compressed or not.
 
 use crate::codes;
+use crate::records::{self, Checks};
 
 pub const HEADER_LEN: usize = 61;
 const CRC_START: usize = 21;
@@ -66,6 +68,14 @@ fn be_i64(b: &[u8], at: usize) -> i64 {
 /// Reads the header of the batch at the start of `b` without checking its CRC (for batches read
 /// back from the log, which the log already verified).
 pub fn header(b: &[u8]) -> Result<BatchInfo, BatchFault> {
+    // The magic sits at byte 16 in every message format: an old-format message set (often
+    // shorter than a v2 header) is named for what it is.
+    if let Some(&magic) = b.get(16).filter(|&&m| m != 2) {
+        return Err(fault(
+            codes::UNSUPPORTED_FOR_MESSAGE_FORMAT,
+            format!("record batch magic {magic}: only message format v2 is stored"),
+        ));
+    }
     if b.len() < HEADER_LEN {
         return Err(fault(
             codes::CORRUPT_MESSAGE,
@@ -73,13 +83,6 @@ pub fn header(b: &[u8]) -> Result<BatchInfo, BatchFault> {
                 "record batch of {} bytes is shorter than its {HEADER_LEN}-byte header",
                 b.len()
             ),
-        ));
-    }
-    let magic = b[16];
-    if magic != 2 {
-        return Err(fault(
-            codes::UNSUPPORTED_FOR_MESSAGE_FORMAT,
-            format!("record batch magic {magic}: only message format v2 is stored"),
         ));
     }
     let batch_length = be_i32(b, 8);
@@ -106,8 +109,9 @@ pub fn header(b: &[u8]) -> Result<BatchInfo, BatchFault> {
     })
 }
 
-/// Checks one produced batch at the start of `b`: magic, lengths, CRC32C over attributes..end,
-/// a record count that matches the offset deltas, no control or transactional batches.
+/// Checks one produced batch's header at the start of `b`: magic, lengths, CRC32C over
+/// attributes..end, a record count that matches the last offset delta, no control or
+/// transactional batches. (Its records: `split`.)
 pub fn check(b: &[u8]) -> Result<BatchInfo, BatchFault> {
     let info = header(b)?;
     let body = &b[..info.len];
@@ -119,23 +123,14 @@ pub fn check(b: &[u8]) -> Result<BatchInfo, BatchFault> {
             format!("record batch CRC32C {got:#010x} does not match the {want:#010x} it carries"),
         ));
     }
+    // Kafka's LogValidator.validateBatch: INVALID_RECORD, which clients do not retry (the
+    // batch is intact as sent, so sending it again cannot help).
     if info.record_count < 1 || info.last_offset_delta != info.record_count - 1 {
         return Err(fault(
-            codes::CORRUPT_MESSAGE,
+            codes::INVALID_RECORD,
             format!(
-                "record batch holds {} records but its last offset delta is {}",
+                "record batch claims {} records but its last offset delta is {}",
                 info.record_count, info.last_offset_delta
-            ),
-        ));
-    }
-    // Every record takes at least a few bytes; a count beyond the bytes is a lie.
-    if info.record_count as usize > info.len - HEADER_LEN {
-        return Err(fault(
-            codes::CORRUPT_MESSAGE,
-            format!(
-                "record batch claims {} records in {} bytes",
-                info.record_count,
-                info.len - HEADER_LEN
             ),
         ));
     }
@@ -148,13 +143,17 @@ pub fn check(b: &[u8]) -> Result<BatchInfo, BatchFault> {
     Ok(info)
 }
 
-/// Splits a produce request's records into checked batches.
-pub fn split(records: &[u8]) -> Result<Vec<(BatchInfo, &[u8])>, BatchFault> {
+/// Splits a produce request's records into batches, each checked with its records.
+pub fn split<'a>(
+    records: &'a [u8],
+    checks: &Checks,
+) -> Result<Vec<(BatchInfo, &'a [u8])>, BatchFault> {
     let mut out = Vec::new();
     let mut rest = records;
     while !rest.is_empty() {
         let info = check(rest)?;
         let (one, tail) = rest.split_at(info.len);
+        records::check(one, &info, checks)?;
         out.push((info, one));
         rest = tail;
     }
@@ -182,8 +181,8 @@ fn varint(b: &[u8], at: &mut usize) -> Option<i64> {
 }
 
 /// The first record of a stored batch whose timestamp reaches `ts`: (offset delta, timestamp).
-/// Reads the records of an uncompressed batch; for a compressed one (whose records nvmq never
-/// decompresses) answers with the batch's first offset and its largest timestamp, as long as
+/// Reads the records of an uncompressed batch; for a compressed one (not decompressed on reads)
+/// answers with the batch's first offset and its largest timestamp, as long as
 /// that reaches `ts`.
 pub fn first_at_or_after(b: &[u8], ts: i64) -> Option<(i64, i64)> {
     let info = header(b).ok()?;
@@ -252,8 +251,8 @@ pub(crate) mod tests {
         assert!(check(&moved).is_ok());
         assert_eq!(be_i64(&moved, 0), 1234);
         let two = [b.clone(), make_batch(1, -1, -1, -1, 0)].concat();
-        assert_eq!(split(&two).unwrap().len(), 2);
-        assert!(split(&[]).is_err());
+        assert_eq!(split(&two, &Checks::default()).unwrap().len(), 2);
+        assert!(split(&[], &Checks::default()).is_err());
     }
 
     #[test]

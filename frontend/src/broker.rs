@@ -59,6 +59,9 @@ pub struct Config {
     /// once without touching the log (nothing is stored). What the request/response path alone
     /// allows on this machine; never for real use.
     pub ceiling: bool,
+    /// Largest number of bytes the records of one compressed batch may decompress to (they are
+    /// decompressed to be checked); a batch yielding more is refused with MESSAGE_TOO_LARGE.
+    pub max_uncompressed_batch: usize,
 }
 
 impl Default for Config {
@@ -79,6 +82,7 @@ impl Default for Config {
             write_timeout: Duration::from_secs(60),
             producer_id_expiration: crate::producers::DEFAULT_EXPIRATION,
             ceiling: false,
+            max_uncompressed_batch: crate::records::DEFAULT_MAX_UNCOMPRESSED,
         }
     }
 }

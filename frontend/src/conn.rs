@@ -199,7 +199,7 @@ pub async fn dispatch(broker: &Arc<Broker>, ctx: &Ctx, mut frame: Bytes) -> Resu
     let reply = match ctx.api {
         ApiKey::ApiVersions => admin::api_versions(&ctx),
         ApiKey::Metadata => admin::metadata(b, &ctx, decode(&ctx, &mut frame)?).await,
-        ApiKey::Produce => produce::produce(b, &ctx, decode(&ctx, &mut frame)?).await,
+        ApiKey::Produce => produce::produce(b, &ctx, produce::decode_request(&ctx, frame)?).await,
         ApiKey::Fetch => fetch::fetch(b, &ctx, decode(&ctx, &mut frame)?),
         ApiKey::ListOffsets => fetch::list_offsets(b, &ctx, decode(&ctx, &mut frame)?),
         ApiKey::CreateTopics => admin::create_topics(b, &ctx, decode(&ctx, &mut frame)?).await,

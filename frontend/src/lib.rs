@@ -19,6 +19,7 @@ pub mod produce;
 pub mod producer_snapshots;
 pub mod producers;
 pub mod reactor;
+pub mod records;
 pub mod server;
 pub mod shape;
 mod startup;

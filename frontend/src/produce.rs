@@ -1,21 +1,118 @@
 //! Produce: each partition's RecordBatch is checked and stored whole as one log record spanning
-//! its messages; acks=-1 and acks=1 are answered once the flush covering it completed.
+//! its messages; acks=-1 and acks=1 are answered once the flush covering it completed, and an
+//! acks=0 request that fails closes the connection (Kafka's way of telling a client that gets
+//! no answer). Also the request and answer layouts of v0–2, which the codec no longer knows.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
-use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::protocol::{Decodable, StrBytes};
 use nvmq_log::{Appended, LogError};
 use tokio::sync::oneshot;
 
 use crate::batch;
-use crate::broker::Broker;
+use crate::broker::{Broker, Config};
 use crate::codes;
-use crate::conn::{Ctx, Outcome, Reply};
+use crate::conn::{Ctx, Outcome, Refusal, Reply};
 use crate::part::PartRef;
 use crate::producers::{BatchKey, Landing, Verdict};
+use crate::records::Checks;
+
+/// The highest Produce version of message formats v0/v1 (KIP-896 took them out of Kafka 4 and
+/// of the codec). Served by hand: see `decode_request` and `encode_response`.
+pub const LEGACY_MAX: i16 = 2;
+
+/// Decodes a Produce request body. A v0–2 body is v3's without its first field (the
+/// transactional id), so it is decoded as v3 behind a null one.
+pub fn decode_request(ctx: &Ctx, mut body: Bytes) -> Result<ProduceRequest, Refusal> {
+    if ctx.version > LEGACY_MAX {
+        return crate::conn::decode(ctx, &mut body);
+    }
+    let mut v3 = BytesMut::with_capacity(body.len() + 2);
+    v3.put_i16(-1);
+    v3.extend_from_slice(&body);
+    let mut v3 = v3.freeze();
+    ProduceRequest::decode(&mut v3, 3).map_err(|e| Refusal::Malformed {
+        what: format!("Produce v{} request", ctx.version),
+        why: e.to_string(),
+    })
+}
+
+/// Appends the answer (length, header, body) to `out`; false, and `out` as it was, when it does
+/// not encode. v0–2 are laid out here: v3's answer without log_append_time (v0–1) and
+/// throttle_time (v0), with response header v0.
+pub fn encode_response(ctx: &Ctx, resp: &ProduceResponse, out: &mut Vec<u8>) -> bool {
+    if ctx.version > LEGACY_MAX {
+        return ctx.encode_into(resp, out);
+    }
+    let at = out.len();
+    let ok = encode_legacy(ctx.version, ctx.correlation_id, resp, out);
+    match ok.and_then(|()| i32::try_from(out.len() - at - 4).ok()) {
+        Some(len) => {
+            out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+            true
+        }
+        None => {
+            out.truncate(at);
+            tracing::error!(version = ctx.version, "could not encode a Produce answer");
+            false
+        }
+    }
+}
+
+fn encode_legacy(
+    version: i16,
+    correlation_id: i32,
+    resp: &ProduceResponse,
+    out: &mut Vec<u8>,
+) -> Option<()> {
+    out.extend_from_slice(&[0; 4]);
+    out.extend(correlation_id.to_be_bytes());
+    out.extend(i32::try_from(resp.responses.len()).ok()?.to_be_bytes());
+    for t in &resp.responses {
+        let name = t.name.as_str().as_bytes();
+        out.extend(i16::try_from(name.len()).ok()?.to_be_bytes());
+        out.extend(name);
+        out.extend(
+            i32::try_from(t.partition_responses.len())
+                .ok()?
+                .to_be_bytes(),
+        );
+        for p in &t.partition_responses {
+            out.extend(p.index.to_be_bytes());
+            out.extend(p.error_code.to_be_bytes());
+            out.extend(p.base_offset.to_be_bytes());
+            if version >= 2 {
+                out.extend(p.log_append_time_ms.to_be_bytes());
+            }
+        }
+    }
+    if version >= 1 {
+        out.extend(resp.throttle_time_ms.to_be_bytes());
+    }
+    Some(())
+}
+
+/// The answer to a Produce as an outcome for the writer.
+fn answer(ctx: &Ctx, resp: &ProduceResponse) -> Outcome {
+    let mut out = Vec::new();
+    if encode_response(ctx, resp, &mut out) {
+        Outcome::Send(Bytes::from(out))
+    } else {
+        Outcome::Close
+    }
+}
+
+/// What the batches of a Produce at `version` must satisfy besides their own framing.
+pub fn checks(cfg: &Config, version: i16) -> Checks {
+    Checks {
+        max_uncompressed: cfg.max_uncompressed_batch,
+        zstd: version >= 7,
+    }
+}
 
 enum Wait {
     Stored(oneshot::Receiver<Result<Appended, LogError>>),
@@ -62,7 +159,9 @@ pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
             } else if !matches!(acks, -1..=1) {
                 Some((codes::INVALID_REQUIRED_ACKS, format!("acks={acks}")))
             } else if let Some(pid) = pid {
-                start_partition(b, pid, p.records.as_deref().unwrap_or(&[]), &mut pw.waits).await
+                let records = p.records.as_deref().unwrap_or(&[]);
+                let checks = checks(&b.cfg, ctx.version);
+                start_partition(b, pid, records, &checks, &mut pw.waits).await
             } else {
                 Some((
                     codes::UNKNOWN_TOPIC_OR_PARTITION,
@@ -77,7 +176,24 @@ pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
         topics.push((t.name, parts));
     }
     if acks == 0 {
-        return Box::pin(async { Outcome::Nothing });
+        // Nobody hears about a failure but through the connection: it is closed once one is
+        // known (here after the appends finish; the loop's fast path does not wait).
+        let refused = topics
+            .iter()
+            .flat_map(|(_, ps)| ps)
+            .any(|p| p.error.is_some());
+        let waits: Vec<Wait> = topics
+            .into_iter()
+            .flat_map(|(_, ps)| ps)
+            .flat_map(|p| p.waits)
+            .collect();
+        return Box::pin(async move {
+            if refused || finish(waits, None).await.0 != codes::NONE {
+                Outcome::Close
+            } else {
+                Outcome::Nothing
+            }
+        });
     }
     let b = b.clone();
     let ctx = ctx.clone();
@@ -116,7 +232,7 @@ pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
             }
             resp.responses.push(tr);
         }
-        ctx.encode(&resp)
+        answer(&ctx, &resp)
     })
 }
 
@@ -125,9 +241,10 @@ async fn start_partition(
     b: &Broker,
     pid: PartRef,
     records: &[u8],
+    checks: &Checks,
     waits: &mut Vec<Wait>,
 ) -> Option<(i16, String)> {
-    let batches = match batch::split(records) {
+    let batches = match batch::split(records, checks) {
         Ok(v) => v,
         Err(f) => return Some((f.code, f.what)),
     };

@@ -89,7 +89,9 @@ pub fn check(api: ApiKey, v: i16, b: &[u8]) -> R {
     let w = &mut Walk { b, at: 0 };
     match api {
         ApiKey::Produce => {
-            w.string(true)?;
+            if v >= 3 {
+                w.string(true)?;
+            }
             w.i16()?;
             w.i32()?;
             w.array(false, |w| {

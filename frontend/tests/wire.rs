@@ -255,7 +255,8 @@ async fn bad_frames_close_only_their_own_connection() {
         ("short frame", [0, 0, 0, 3, 0, 18, 0].to_vec()),
         ("unknown api key", raw(999, 0, &[])),
         ("unserved api", raw(32, 0, &[])),
-        ("produce v2", raw(0, 2, &[0, 0, 0, 0])),
+        ("truncated produce v2", raw(0, 2, &[0, 0, 0, 0])),
+        ("produce v9", raw(0, 9, &[0; 20])),
         ("fetch v12", raw(1, 12, &[0; 40])),
         ("truncated metadata", raw(3, 1, &[0, 0, 0, 2, 0, 1])),
         (

@@ -70,6 +70,11 @@ pub struct ServeArgs {
     /// A connection whose answers wait this long for its client to read them is closed.
     #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "60s")]
     pub write_timeout: Duration,
+    /// Largest number of bytes the records of one compressed batch may decompress to: they
+    /// are decompressed (as a stream) to be counted and checked, and a batch yielding more is
+    /// refused with MESSAGE_TOO_LARGE. Bounds what a decompression bomb costs.
+    #[arg(long, default_value = "16M")]
+    pub max_uncompressed_batch: String,
     /// An idempotent producer not seen for this long is forgotten, in memory and in the
     /// snapshots (Kafka's producer.id.expiration.ms); a later batch of it counts as from a new
     /// producer.
@@ -121,6 +126,10 @@ pub fn run(args: ServeArgs) -> Result<Status> {
     let fetch_max_bytes = size_flag("fetch-max-bytes", &args.fetch_max_bytes)?;
     if args.max_connections == 0 || args.max_connections_per_ip == 0 {
         bail!("--max-connections and --max-connections-per-ip must be at least 1");
+    }
+    let max_uncompressed = crate::devspec::parse_size(&args.max_uncompressed_batch)?;
+    if max_uncompressed == 0 {
+        bail!("--max-uncompressed-batch must be positive (it bounds every compressed batch)");
     }
     let flush: FlushMode = args.flush.parse().map_err(|e: String| anyhow!(e))?;
     if args.default_partitions == 0 {
@@ -216,6 +225,7 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         auto_create_topics: !args.no_auto_create,
         default_partitions: args.default_partitions,
         max_frame: usize::try_from(max_frame).unwrap_or(usize::MAX),
+        max_uncompressed_batch: usize::try_from(max_uncompressed).unwrap_or(usize::MAX),
         producer_id_expiration: args.producer_id_expiration,
         ceiling: args.ceiling,
         max_connection_bytes,

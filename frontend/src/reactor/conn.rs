@@ -151,6 +151,15 @@ impl Conns {
         }
     }
 
+    /// Closes a connection at once (an acks=0 append of it failed).
+    pub fn abort(&self, r: ConnRef) {
+        if let Some(c) = self.get(r) {
+            let mut st = c.borrow_mut();
+            st.closing = true;
+            st.wake();
+        }
+    }
+
     /// Wakes a connection's task (its budget came back).
     pub fn wake(&self, r: ConnRef) {
         if let Some(c) = self.get(r) {
@@ -379,6 +388,11 @@ async fn serve(
                 }
             };
             if let Some(slot) = slot {
+                // A request that closes the connection is the last one taken: Kafka handles a
+                // connection's requests one at a time, so nothing after it is acted on.
+                if matches!(slot, Slot::Ready(Outcome::Close)) {
+                    eof = true;
+                }
                 // An answer made at once (a Fetch with data at hand) is held until its turn:
                 // it counts too.
                 let size = match &slot {
@@ -401,6 +415,7 @@ async fn serve(
         // Answers ready at the head go into the output, in order.
         let close = drain(st, &mut out);
         if close {
+            flush_before_close(&mut stream, &out[sent..]).await;
             return;
         }
         if sent == out.len() && !out.is_empty() {
@@ -472,6 +487,19 @@ async fn serve(
             }
         }
     }
+}
+
+/// Sends the answers owed to requests ahead of the one that closes the connection (briefly: a
+/// client that does not read loses them), then half-closes it so they arrive before the end.
+async fn flush_before_close(stream: &mut TcpStream, rest: &[u8]) {
+    use tokio::io::AsyncWriteExt;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        if !rest.is_empty() {
+            stream.write_all(rest).await?;
+        }
+        stream.shutdown().await
+    })
+    .await;
 }
 
 /// The API key of the frame at the start of `input`, if its header is there.

@@ -18,6 +18,7 @@ use crate::conn::{decode, Ctx, Outcome};
 use crate::part::PartRef;
 use crate::produce::log_error_code;
 use crate::producers::{BatchKey, Verdict};
+use crate::records::Checks;
 use crate::{batch, codes, fetch};
 
 /// Where an idempotent retry of a batch still in flight will land.
@@ -148,20 +149,14 @@ impl ProduceSlot {
             }
             resp.responses.push(tr);
         }
-        self.ctx.encode_into(&resp, out)
+        crate::produce::encode_response(&self.ctx, &resp, out)
     }
 }
 
 /// Starts a Produce: checks every batch and queues it for its partition's writer with a token
 /// that routes its ack back to this request. None when nothing is answered (acks=0).
-pub(crate) fn produce(
-    lp: &LoopCtx,
-    conn: ConnRef,
-    seq: u64,
-    c: &Ctx,
-    mut body: Bytes,
-) -> Option<Slot> {
-    let req: ProduceRequest = match decode(c, &mut body) {
+pub(crate) fn produce(lp: &LoopCtx, conn: ConnRef, seq: u64, c: &Ctx, body: Bytes) -> Option<Slot> {
+    let req: ProduceRequest = match crate::produce::decode_request(c, body) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "closing connection");
@@ -170,6 +165,8 @@ pub(crate) fn produce(
     };
     let b = &lp.broker;
     let acks = req.acks;
+    let checks = crate::produce::checks(&b.cfg, c.version);
+    let mut refused_any = false;
     let ctx = Ctx {
         api: c.api,
         version: c.version,
@@ -216,7 +213,7 @@ pub(crate) fn produce(
                     answered: acks != 0,
                 };
                 let records = p.records.unwrap_or_default();
-                start_partition(lp, pid, &records, at, &mut pa, &mut slot)
+                start_partition(lp, pid, &records, &checks, at, &mut pa, &mut slot)
             } else {
                 Some((
                     codes::UNKNOWN_TOPIC_OR_PARTITION,
@@ -225,6 +222,7 @@ pub(crate) fn produce(
             };
             if let Some((code, what)) = refused {
                 tracing::debug!(topic = t.name.as_str(), partition = p.index, code, %what, "produce refused");
+                refused_any = true;
                 pa.code = code;
                 pa.message = Some(what);
             }
@@ -233,6 +231,16 @@ pub(crate) fn produce(
         slot.topics.push((t.name, parts));
     }
     if acks == 0 {
+        // No answer goes back, so a failure can only be told by closing the connection, as
+        // Kafka does; what the request had queued still lands. (An append the device fails
+        // later closes it too: `Answer::Silent`.)
+        if refused_any {
+            tracing::info!(
+                client = %c.client_id,
+                "an acks=0 produce failed; closing the connection"
+            );
+            return Some(Slot::Ready(Outcome::Close));
+        }
         return None;
     }
     Some(Slot::Produce(slot))
@@ -255,12 +263,13 @@ fn start_partition(
     lp: &LoopCtx,
     pid: PartRef,
     records: &Bytes,
+    checks: &Checks,
     at: Place,
     pa: &mut PartAnswer,
     slot: &mut ProduceSlot,
 ) -> Option<(i16, String)> {
     let b = &lp.broker;
-    let batches = match batch::split(records) {
+    let batches = match batch::split(records, checks) {
         Ok(v) => v,
         Err(f) => return Some((f.code, f.what)),
     };
@@ -309,7 +318,7 @@ fn start_partition(
                         batch,
                     }
                 } else {
-                    Answer::Nobody
+                    Answer::Silent { conn: at.conn }
                 };
                 // Every append to a data partition reports its acknowledgement (in log order):
                 // the producer snapshots rely on seeing all of them.

@@ -63,8 +63,9 @@ pub(crate) enum Answer {
     },
     /// Back to the loop that sent it.
     Remote { origin: usize, token: u64 },
-    /// Nobody waits (acks=0); only the budget is given back.
-    Nobody,
+    /// Nobody waits (acks=0): only the budget is given back, and a failed append closes the
+    /// connection that sent it (its only way to learn of the failure, as in Kafka).
+    Silent { conn: ConnRef },
 }
 
 /// A token's route.
@@ -254,7 +255,12 @@ impl LoopCtx {
                     .push(AckMsg { token, result });
                 return;
             }
-            Answer::Nobody => {}
+            Answer::Silent { conn } => {
+                if let Err(e) = &result {
+                    tracing::info!(error = %e, "an acks=0 append failed; closing its connection");
+                    self.conns.abort(conn);
+                }
+            }
         }
         self.server.outstanding.fetch_sub(1, Ordering::Relaxed);
         if bytes > 0 {
