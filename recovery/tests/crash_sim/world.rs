@@ -679,10 +679,11 @@ impl World {
 /// flush that covers a write is submitted at most `i` after the previous one, but when every flush
 /// slot is taken it first waits for the oldest (at most the sim's 5 ms), and then takes its own
 /// latency, behind the others when the device serializes flushes (5 ms each); plus the test's own
-/// steps of up to 3 ms.
+/// steps of up to 3 ms, once before the flush is submitted and once before its completion is
+/// taken in.
 pub fn interval_bound(i: Duration, cfg: &LogConfig) -> Duration {
     let flush = Duration::from_millis(5);
-    i + flush * (cfg.max_flushes_in_flight as u32 + 1) + Duration::from_millis(3)
+    i + flush * (cfg.max_flushes_in_flight as u32 + 1) + Duration::from_millis(6)
 }
 
 /// The log position named in an error text ("... at log position N: ...").
