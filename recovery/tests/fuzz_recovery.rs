@@ -7,7 +7,8 @@
 //! 2. a real log, built by the stepped writer over several power-cut eras, then damaged by
 //!    arbitrary mutations (byte overwrites, bit flips, zeroed ranges, misdirected and stale
 //!    blocks, superblock fields re-encoded with a valid CRC) either is refused with an error or
-//!    opens, and then every record served was appended at exactly that (partition, offset);
+//!    opens, and then every record served is the one the log legitimately holds at that
+//!    (partition, offset): never one an earlier recovery cut away (see [`Image::live`]);
 //! 3. every decoder of device bytes, on arbitrary and on CRC-valid but inconsistent input.
 //!
 //! `NVMQ_FUZZ_CASES=<n>` replaces the case count of every property here (for longer runs); the
@@ -177,8 +178,24 @@ struct Image {
     regions: Snapshot,
     /// The device at the end of each earlier era: stale versions of every block.
     history: Vec<Snapshot>,
-    /// Every payload ever appended at (partition, offset), whichever era it was in.
-    appended: HashMap<(u32, u64), Vec<Vec<u8>>>,
+    /// The one payload that may be served at (partition, offset) after any damage: the one
+    /// appended there in the latest era that appended there, as long as no later recovery cut it
+    /// away.
+    ///
+    /// Why nothing else is legitimate: an era appends at offset k only when the recovery before
+    /// it ended the partition at or below k, so every earlier era's record at k was cut away by
+    /// that recovery, and a cut is fenced by a new epoch so that it never comes back (storage.md
+    /// §5.4, §7.4), whatever damage comes later. A record of an older era at an offset that no
+    /// later era reached is legitimate when every later recovery kept it (it was durable, or an
+    /// unacknowledged survivor): it is then still the latest record there. Damage may make a
+    /// record unreadable or get the log refused, but cannot legitimately put another era's
+    /// record in its place: these logs hold no damage of their own, so every recovery cut is at a
+    /// torn or lost batch, which never exists whole on the device afterwards; the cut-away
+    /// batches behind it link to that batch, so no stale block, misdirected copy or forged
+    /// superblock field can chain them in again (short of a hash collision).
+    live: HashMap<(u32, u64), Vec<u8>>,
+    /// Payloads a later recovery cut away at (partition, offset): serving one is a resurrection.
+    cut_away: HashMap<(u32, u64), Vec<Vec<u8>>>,
     /// (id, start offset, durable end) of each partition just before the last cut.
     live_parts: Vec<(u32, u64, u64)>,
 }
@@ -235,7 +252,8 @@ fn build_image(label: u64, eras: u32, ragged_end: bool, retain: Option<u64>, loa
     format(&mut dev, &format_options()).expect("format");
     let log_cfg = log_config(retain);
     let mut truth: HashMap<u32, Vec<Vec<u8>>> = HashMap::new();
-    let mut appended: HashMap<(u32, u64), Vec<Vec<u8>>> = HashMap::new();
+    let mut live: HashMap<(u32, u64), Vec<u8>> = HashMap::new();
+    let mut cut_away: HashMap<(u32, u64), Vec<Vec<u8>>> = HashMap::new();
     let mut history = Vec::new();
     let mut seq = 0u64;
     let mut live_parts = Vec::new();
@@ -249,6 +267,12 @@ fn build_image(label: u64, eras: u32, ragged_end: bool, retain: Option<u64>, loa
                 end as usize <= t.len(),
                 "image {label}: partition {id} grew"
             );
+            // Everything past the recovered end was cut away by this recovery.
+            for off in end..t.len() as u64 {
+                if let Some(p) = live.remove(&(id, off)) {
+                    cut_away.entry((id, off)).or_default().push(p);
+                }
+            }
             t.truncate(end as usize);
             let mut at = start;
             while at < end {
@@ -307,7 +331,11 @@ fn build_image(label: u64, eras: u32, ragged_end: bool, retain: Option<u64>, loa
             let t = truth.entry(id).or_default();
             let off = t.len() as u64;
             t.push(p.clone());
-            appended.entry((id, off)).or_default().push(p.clone());
+            let earlier = live.insert((id, off), p.clone());
+            assert!(
+                earlier.is_none(),
+                "image {label}: {id}/{off} appended again without a cut"
+            );
             let a = acks.clone();
             w.submit(Request::Append {
                 partition: id,
@@ -356,11 +384,30 @@ fn build_image(label: u64, eras: u32, ragged_end: bool, retain: Option<u64>, loa
         dev = handle.power_on();
     }
     let regions = history.pop().expect("at least one era");
+    // The last era's cut is decided by the first recovery after it: the one recovery of an
+    // undamaged copy would make. What it cuts away is as illegitimate as what earlier recoveries
+    // cut (valid batches behind a torn one may still be on the device).
+    let (trial, trial_handle) = SimDevice::new(SimConfig::new(label, CAPACITY));
+    for (at, bytes) in &regions {
+        trial_handle.poke_durable(*at, bytes);
+    }
+    let (w, _) = open_stepped(trial, log_cfg, &clock)
+        .unwrap_or_else(|e| panic!("image {label}: clean open of the final image failed: {e}"));
+    for (id, _, end) in partitions(&w) {
+        let t = truth.entry(id).or_default();
+        for off in end..t.len() as u64 {
+            if let Some(p) = live.remove(&(id, off)) {
+                cut_away.entry((id, off)).or_default().push(p);
+            }
+        }
+    }
+    drop(w);
     Image {
         label: format!("image {label} ({eras} eras, ragged end: {ragged_end}, retain: {retain:?})"),
         regions,
         history,
-        appended,
+        live,
+        cut_away,
         live_parts,
     }
 }
@@ -375,6 +422,9 @@ fn images() -> &'static [Image] {
             build_image(4, 4, true, Some(40 << 10), 120),
             build_image(5, 2, false, None, 60),
             build_image(6, 5, false, Some(48 << 10), 100),
+            // Holds cut-away batches still on the device (behind a torn one): what a resurrection
+            // would serve (see `cut_away_records_are_on_the_device`).
+            build_image(7, 4, true, None, 160),
         ]
     })
 }
@@ -648,14 +698,22 @@ fn recover_mutated(which: usize, muts: &[Mutation]) -> Result<(), TestCaseError>
                         GAPS.fetch_add(1, Ordering::Relaxed);
                     }
                     for r in &recs {
-                        let ok = img
-                            .appended
-                            .get(&(id, r.offset))
-                            .is_some_and(|ps| ps.iter().any(|p| *p == r.payload));
+                        let key = (id, r.offset);
+                        let ok = img.live.get(&key).is_some_and(|p| *p == r.payload);
+                        let what = if img
+                            .cut_away
+                            .get(&key)
+                            .is_some_and(|ps| ps.iter().any(|p| *p == r.payload))
+                        {
+                            "a record an earlier recovery cut away there (resurrected)"
+                        } else if img.live.contains_key(&key) {
+                            "not the record the log holds there"
+                        } else {
+                            "a record never appended there"
+                        };
                         prop_assert!(
                             ok,
-                            "{}: served partition {id} offset {} ({} B from log position {}), \
-                             which was never appended there",
+                            "{}: served partition {id} offset {} ({} B from log position {}): {what}",
                             img.label,
                             r.offset,
                             r.payload.len(),
@@ -740,7 +798,7 @@ proptest! {
     /// Strategy 2: a real log with arbitrary damage.
     #[test]
     fn mutated_logs_never_panic_nor_serve_wrong_bytes(
-        which in 0usize..6,
+        which in 0usize..7,
         muts in vec(mutation(), 0..7),
     ) {
         recover_mutated(which, &muts)?;
@@ -1277,4 +1335,22 @@ fn found_by_fuzzing() {
     let mut bytes = vec![0u8; 512];
     h.encode(&mut bytes);
     assert!(check_batch(&bytes, FORMAT_ID, u64::MAX - 10, 512, None, |_| {}).is_err());
+}
+
+/// The resurrection check of the mutation test has something to find: some image holds records
+/// that a recovery cut away, still whole on the device at its end or in an earlier era's blocks
+/// (which `Mutation::Stale` puts back).
+#[test]
+fn cut_away_records_are_on_the_device() {
+    let holds = |bytes: &[u8], p: &[u8]| bytes.windows(p.len()).any(|w| w == p);
+    let mut found = 0;
+    for img in images() {
+        for p in img.cut_away.values().flatten().filter(|p| p.len() > 16) {
+            let log = |s: &Snapshot| s.iter().any(|(_, b)| holds(b, p));
+            if log(&img.regions) || img.history.iter().any(log) {
+                found += 1;
+            }
+        }
+    }
+    assert!(found > 0, "no image holds a cut-away record on its device");
 }
