@@ -185,6 +185,12 @@ impl<D: BlockDevice> Writer<D> {
             return;
         }
         let needed = self.space_needed_head.saturating_sub(self.ring_floor());
+        tracing::warn!(
+            appends = self.pending.len(),
+            needed,
+            "log full (on_full = refuse): refusing the appends waiting; retention frees nothing \
+             more yet"
+        );
         self.pending_bytes = 0;
         for p in std::mem::take(&mut self.pending) {
             self.answer(p.ack, Err(LogError::LogFull { needed }));
