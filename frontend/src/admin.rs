@@ -17,6 +17,7 @@ use kafka_protocol::messages::{
     MetadataRequest, MetadataResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
+use nvmq_log::LogError;
 
 use crate::broker::{valid_topic_name, Broker};
 use crate::codes;
@@ -90,7 +91,7 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
                         Ok(_) => codes::NONE,
                         Err(e) => {
                             tracing::warn!(topic = %n, error = %e, "auto-creating a topic failed");
-                            codes::KAFKA_STORAGE_ERROR
+                            create_error_code(&e)
                         }
                     }
                 } else {
@@ -132,6 +133,15 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
     ctx.ready(&resp)
 }
 
+/// The Kafka error for a create the log refused: a full registry is the broker's policy (a
+/// documented limit, `LogError::RegistryFull` says which), anything else a storage error.
+fn create_error_code(e: &LogError) -> i16 {
+    match e {
+        LogError::RegistryFull { .. } => codes::POLICY_VIOLATION,
+        _ => codes::KAFKA_STORAGE_ERROR,
+    }
+}
+
 pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest) -> Reply {
     let mut resp = CreateTopicsResponse::default();
     for t in req.topics {
@@ -167,7 +177,10 @@ pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest)
                 format!("topic {n:?} already exists"),
             )
         } else if req.validate_only {
-            (codes::NONE, String::new())
+            match b.log().registry_room(&n, partitions.unwrap_or(1)) {
+                Ok(()) => (codes::NONE, String::new()),
+                Err(e) => (create_error_code(&e), e.to_string()),
+            }
         } else {
             match b.create_topic(&n, partitions.unwrap_or(1)).await {
                 Ok(true) => (codes::NONE, String::new()),
@@ -175,7 +188,10 @@ pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest)
                     codes::TOPIC_ALREADY_EXISTS,
                     format!("topic {n:?} already exists"),
                 ),
-                Err(e) => (codes::KAFKA_STORAGE_ERROR, e.to_string()),
+                Err(e) => {
+                    tracing::warn!(topic = %n, error = %e, "creating a topic failed");
+                    (create_error_code(&e), e.to_string())
+                }
             }
         };
         r.error_code = code;
@@ -223,7 +239,7 @@ pub async fn create_partitions(b: &Arc<Broker>, ctx: &Ctx, req: CreatePartitions
                     format!("topic {n:?} has {have} partitions"),
                 ),
                 Ok(Some(Ok(()))) => (codes::NONE, String::new()),
-                Err(e) => (codes::KAFKA_STORAGE_ERROR, e.to_string()),
+                Err(e) => (create_error_code(&e), e.to_string()),
             },
         };
         let mut r = CreatePartitionsTopicResult::default();

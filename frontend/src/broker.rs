@@ -443,42 +443,102 @@ impl Broker {
 
     /// The log partitions (log_name, index) for the indexes given, created durably where they
     /// do not exist yet (a create cut short by a crash may have left some, on any device);
-    /// a new one goes to the device `part::place` picks.
+    /// a new one goes to the device `part::place` picks. A device's creates go to its writer
+    /// together (one batch and flush for many). If any is refused (the registry is full), those
+    /// created here are deleted again: a topic is created whole or not at all.
     async fn create_partitions(
         &self,
         log_name: &str,
         indexes: std::ops::Range<u32>,
     ) -> Result<Vec<PartRef>, LogError> {
-        let mut refs = Vec::with_capacity(indexes.len());
+        let first = indexes.start;
+        let mut refs: Vec<Option<PartRef>> = vec![None; indexes.len()];
+        let mut to_create: BTreeMap<u16, Vec<u32>> = BTreeMap::new();
         for index in indexes {
             let existing = self.logs.iter().enumerate().find_map(|(d, l)| {
                 let d = u16::try_from(d).ok()?;
                 l.partition_id(log_name, index)
                     .map(|id| PartRef::new(d, id))
             });
-            let p = match existing {
-                Some(p) => p,
-                None => {
-                    let dev = part::place(log_name, index, self.logs.len());
-                    let n = log_name.to_string();
-                    let id = self
-                        .blocking(dev, move |log| log.create_partition(&n, index))
-                        .await??;
-                    PartRef::new(dev, id)
-                }
-            };
-            refs.push(p);
+            match existing {
+                Some(p) => refs[(index - first) as usize] = Some(p),
+                None => to_create
+                    .entry(part::place(log_name, index, self.logs.len()))
+                    .or_default()
+                    .push(index),
+            }
         }
-        Ok(refs)
+        // Refused as a whole before anything is written, when it cannot fit.
+        for (&dev, idx) in &to_create {
+            let n = u32::try_from(idx.len()).unwrap_or(u32::MAX);
+            self.log_of(PartRef::new(dev, 0))
+                .registry_room(log_name, n)?;
+        }
+        let mut created = Vec::new();
+        let mut refused = None;
+        for (dev, idx) in to_create {
+            let n = log_name.to_string();
+            let results = self
+                .blocking(dev, move |log| {
+                    log.create_partitions(&n, &idx).map(|r| (idx, r))
+                })
+                .await??;
+            for (index, r) in results.0.into_iter().zip(results.1) {
+                match r {
+                    Ok(id) => {
+                        let p = PartRef::new(dev, id);
+                        refs[(index - first) as usize] = Some(p);
+                        created.push(p);
+                    }
+                    Err(e) => {
+                        refused.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        if let Some(e) = refused {
+            if let Err(undo) = self.delete_log_partitions(&created).await {
+                tracing::warn!(topic = log_name, error = %undo, "could not delete the partitions of a refused create; the next start deletes them");
+            }
+            return Err(e);
+        }
+        Ok(refs.into_iter().flatten().collect())
+    }
+
+    /// Deletes log partitions durably, each device's together: their registry entries go, so
+    /// the checkpoint shrinks, and their records are never served again.
+    async fn delete_log_partitions(&self, parts: &[PartRef]) -> Result<(), LogError> {
+        let mut by_dev: BTreeMap<u16, Vec<u32>> = BTreeMap::new();
+        for p in parts {
+            by_dev.entry(p.dev).or_default().push(p.id);
+        }
+        let mut first_err = Ok(());
+        for (dev, ids) in by_dev {
+            let r = self
+                .blocking(dev, move |log| log.delete_partitions(&ids))
+                .await
+                .and_then(|r| r);
+            if let Err(e) = r {
+                if first_err.is_ok() {
+                    first_err = Err(e);
+                }
+            }
+        }
+        for p in parts {
+            self.producers.forget(*p);
+        }
+        first_err
     }
 
     /// Deletes a topic: a durable tombstone in `__nvmq_meta`, then the topic is gone from the
-    /// registry. The log has no delete: the data stays until retention frees it.
+    /// registry, and its log partitions are deleted (their registry entries freed; the data
+    /// stays on the device until the ring overwrites it, never served again). A crash between
+    /// the tombstone and the partitions' deletes leaves them for the next start to delete.
     pub async fn delete_topic(&self, name: &str) -> Result<bool, LogError> {
         let _one_at_a_time = self.create_lock.lock().await;
-        if !self.topics().map.contains_key(name) {
+        let Some(parts) = self.topics().map.get(name).cloned() else {
             return Ok(false);
-        }
+        };
         let incarnation = self.topics().incarnation.get(name).copied().unwrap_or(0) + 1;
         self.append_meta(
             self.meta_partition,
@@ -488,10 +548,15 @@ impl Broker {
             },
         )
         .await?;
-        let mut t = self.topics();
-        t.map.remove(name);
-        t.incarnation.insert(name.to_string(), incarnation);
-        tracing::info!(topic = name, "topic deleted");
+        {
+            let mut t = self.topics();
+            t.map.remove(name);
+            t.incarnation.insert(name.to_string(), incarnation);
+        }
+        if let Err(e) = self.delete_log_partitions(&parts).await {
+            tracing::warn!(topic = name, error = %e, "could not delete the topic's log partitions; the next start deletes them");
+        }
+        tracing::info!(topic = name, partitions = parts.len(), "topic deleted");
         Ok(true)
     }
 
@@ -591,24 +656,23 @@ impl Broker {
         for r in &meta {
             waits.push(self.append(self.meta_partition, r.encode(), 1).await?);
         }
-        // A group's commits go in records that fit the log's largest payload.
-        let per_record = (self.log().max_payload() / 600).max(1);
+        // A group's commits go in records cut by size to fit the log's largest payload: their
+        // metadata may take up to 4 KiB each.
+        let max = self.log().max_payload();
         for group in self.offsets.groups() {
-            for chunk in self.offsets.all(&group).chunks(per_record) {
-                let commits = chunk
-                    .iter()
-                    .map(|((topic, partition), c)| crate::meta::Commit {
-                        topic: topic.clone(),
-                        partition: *partition,
-                        offset: c.offset,
-                        leader_epoch: c.leader_epoch,
-                        metadata: c.metadata.clone(),
-                    })
-                    .collect();
-                let rec = MetaRecord::Commits {
-                    group: group.clone(),
-                    commits,
-                };
+            let commits = self
+                .offsets
+                .all(&group)
+                .into_iter()
+                .map(|((topic, partition), c)| crate::meta::Commit {
+                    topic,
+                    partition,
+                    offset: c.offset,
+                    leader_epoch: c.leader_epoch,
+                    metadata: c.metadata,
+                })
+                .collect();
+            for rec in crate::meta::commits_records(&group, commits, max) {
                 waits.push(self.append(self.offsets_partition, rec.encode(), 1).await?);
             }
         }

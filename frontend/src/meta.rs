@@ -71,6 +71,44 @@ pub enum MetaRecord {
     ProducerState(ProducerStatePart),
 }
 
+impl Commit {
+    /// Bytes it takes in a `Commits` record.
+    pub fn encoded_len(&self) -> usize {
+        let s = |v: &str| 2 + v.len().min(usize::from(u16::MAX));
+        s(&self.topic) + 4 + 8 + 4 + 1 + self.metadata.as_deref().map_or(0, s)
+    }
+}
+
+/// A group's commits in `Commits` records of at most `max_payload` bytes each, cut by their
+/// encoded size (commit metadata may take up to 4 KiB each). A commit that does not fit a record
+/// alone goes in one of its own, to fail there rather than take the others with it; one that a
+/// log took once always fits again.
+pub fn commits_records(group: &str, commits: Vec<Commit>, max_payload: usize) -> Vec<MetaRecord> {
+    let head = 1 + 2 + group.len().min(usize::from(u16::MAX)) + 4;
+    let mut out = Vec::new();
+    let mut chunk: Vec<Commit> = Vec::new();
+    let mut size = head;
+    for c in commits {
+        let len = c.encoded_len();
+        if !chunk.is_empty() && size + len > max_payload {
+            out.push(MetaRecord::Commits {
+                group: group.to_string(),
+                commits: std::mem::take(&mut chunk),
+            });
+            size = head;
+        }
+        size += len;
+        chunk.push(c);
+    }
+    if !chunk.is_empty() {
+        out.push(MetaRecord::Commits {
+            group: group.to_string(),
+            commits: chunk,
+        });
+    }
+    out
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("internal record at offset {offset} of {topic}: {what}")]
 pub struct MetaFault {
@@ -305,6 +343,48 @@ impl Cursor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commits_are_cut_into_records_by_their_encoded_size() {
+        // 300 commits with 4 KiB of metadata each: 1.2 MB, more than one record of 1 MiB takes.
+        let commits: Vec<Commit> = (0..300)
+            .map(|i| Commit {
+                topic: format!("topic-{}", i % 7),
+                partition: i,
+                offset: i64::from(i) * 10,
+                leader_epoch: -1,
+                metadata: Some("m".repeat(4096)),
+            })
+            .collect();
+        let max = 1 << 20;
+        let recs = commits_records("a-group", commits.clone(), max);
+        assert!(recs.len() >= 2, "{} records", recs.len());
+        let mut back = Vec::new();
+        for r in recs {
+            let e = r.encode();
+            assert!(e.len() <= max, "a record of {} B", e.len());
+            match MetaRecord::decode(&e).unwrap() {
+                MetaRecord::Commits { group, commits } => {
+                    assert_eq!(group, "a-group");
+                    back.extend(commits);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(back, commits);
+        for c in &back {
+            assert_eq!(
+                c.encoded_len() + 7 + 7,
+                MetaRecord::Commits {
+                    group: "a-group".into(),
+                    commits: vec![c.clone()]
+                }
+                .encode()
+                .len()
+            );
+        }
+        assert!(commits_records("g", Vec::new(), max).is_empty());
+    }
 
     #[test]
     fn records_round_trip_and_damage_is_refused() {

@@ -194,6 +194,11 @@ impl Producers {
         part.acked_end = part.acked_end.max(end);
     }
 
+    /// The partition was deleted: its producers' state goes with it (ids are never reused).
+    pub fn forget(&self, partition: PartRef) {
+        lock(&self.parts).remove(&partition);
+    }
+
     /// Startup: the partition's state from a snapshot (its producers not expired at `now_ms`).
     /// Returns how many producers were expired and left out.
     pub fn restore(&self, partition: PartRef, producers: Vec<ProducerSnap>, now_ms: i64) -> usize {

@@ -106,6 +106,7 @@ pub(crate) fn replay(
             other => tracing::warn!(?other, "unexpected record in {OFFSETS_TOPIC}"),
         })?;
     }
+    delete_orphans(logs, &incarnation);
     let topics = discover_topics(logs, &incarnation);
     let startup = rebuild_producers(logs, &topics, snapshots, producers)?;
     Ok(Replayed {
@@ -118,6 +119,46 @@ pub(crate) fn replay(
     })
 }
 
+/// (topic name, incarnation) of a log partition's name (`name` or `name#incarnation`).
+fn split_log_name(log_topic: &str) -> Option<(String, u32)> {
+    match log_topic.rsplit_once('#') {
+        Some((n, k)) => k.parse::<u32>().ok().map(|k| (n.to_string(), k)),
+        None => Some((log_topic.to_string(), 0)),
+    }
+}
+
+/// Deletes the log partitions of deleted topics (an earlier incarnation of a name): a crash
+/// between a topic's tombstone and the deletes of its partitions leaves them behind, holding
+/// registry entries (and checkpoint space) for nothing.
+fn delete_orphans(logs: &[Arc<Log>], incarnation: &HashMap<String, u32>) {
+    for (dev, log) in logs.iter().enumerate() {
+        let ids: Vec<u32> = log
+            .partitions()
+            .into_iter()
+            .filter_map(|(id, log_topic, ..)| {
+                let (name, inc) = split_log_name(&log_topic)?;
+                let current = incarnation.get(&name).copied().unwrap_or(0);
+                (valid_topic_name(&name) && inc < current).then_some(id)
+            })
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        match log.delete_partitions(&ids) {
+            Ok(()) => tracing::info!(
+                device = dev,
+                partitions = ids.len(),
+                "deleted the log partitions of deleted topics"
+            ),
+            Err(e) => tracing::warn!(
+                device = dev,
+                error = %e,
+                "could not delete the log partitions of deleted topics"
+            ),
+        }
+    }
+}
+
 /// The topics every device's registry holds, current incarnations only. A create cut short by a
 /// crash leaves a prefix of partitions: the topic has those.
 fn discover_topics(
@@ -128,12 +169,8 @@ fn discover_topics(
     for (dev, log) in logs.iter().enumerate() {
         let dev = u16::try_from(dev).unwrap_or(u16::MAX);
         for (id, log_topic, index, _, _) in log.partitions() {
-            let (name, inc) = match log_topic.rsplit_once('#') {
-                Some((n, k)) => match k.parse::<u32>() {
-                    Ok(k) => (n.to_string(), k),
-                    Err(_) => continue,
-                },
-                None => (log_topic.clone(), 0),
+            let Some((name, inc)) = split_log_name(&log_topic) else {
+                continue;
             };
             if !valid_topic_name(&name) || incarnation.get(&name).copied().unwrap_or(0) != inc {
                 continue;

@@ -45,6 +45,22 @@ pub enum LogError {
     },
     #[error("no partition id left: every id below {0} was assigned")]
     PartitionIdsExhausted(u32),
+    /// The registry's checkpoint would outgrow the room the log keeps for it
+    /// (`state::checkpoint_budget`).
+    #[error(
+        "no room for another partition: with it the partition registry ({partitions} partitions) \
+         would take a checkpoint of up to {needed} B, more than the {budget} B this log keeps for \
+         one (an eighth of its ring besides the in-flight window); delete topics, use shorter \
+         topic names, or format a larger log"
+    )]
+    RegistryFull {
+        partitions: usize,
+        needed: u64,
+        budget: u64,
+    },
+    /// Appends waited longer than the writer allows without it being able to write anything.
+    #[error("not stored: the writer could not write for {waited_ms} ms ({why})")]
+    Stalled { waited_ms: u64, why: String },
     #[error("not available yet: {0}")]
     Unavailable(String),
     #[error("bad configuration: {0}")]

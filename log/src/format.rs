@@ -56,11 +56,12 @@ pub struct Superblock {
     pub max_batch: u32,
     /// Oldest retained position.
     pub head: u64,
-    /// Batch boundary where a recovery scan starts; the checkpoint batch sits there.
+    /// Batch boundary where a recovery scan starts; the first batch of a checkpoint sits there,
+    /// and the superblock names it only once every batch of that checkpoint is durable.
     pub recovery_point: u64,
     /// The header checksum of the batch before the recovery point (the hash chain's link), 0 at 0.
     pub recovery_link: u32,
-    /// Position of the checkpoint batch the recovery point resumes from.
+    /// Position of the (first) checkpoint batch the recovery point resumes from.
     pub checkpoint: u64,
     /// A position known durable when this copy was written.
     pub durable_through: u64,
@@ -377,9 +378,11 @@ pub enum RecordKind {
     Data = 0,
     /// A registry change: the payload names the topic and index of the partition it creates.
     CreatePartition = 1,
-    /// Checkpoint state (only inside checkpoint batches).
+    /// Checkpoint state (only inside checkpoint batches): one part of the registry; `offset` is
+    /// the part's index and `partition` says whether another part follows (`state` module).
     Checkpoint = 2,
-    /// A partition deleted from the registry.
+    /// A partition deleted from the registry (`partition` names it; no payload). Its id is never
+    /// assigned again, and no record of it may follow.
     DeletePartition = 3,
 }
 

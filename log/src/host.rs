@@ -246,7 +246,9 @@ fn gone(shared: &Shared) -> LogError {
 /// Answers a request the writer will never take.
 fn refuse(req: Request, err: LogError) {
     match req {
-        Request::Append { ack, .. } | Request::CreatePartition { ack, .. } => ack(Err(err)),
+        Request::Append { ack, .. }
+        | Request::CreatePartition { ack, .. }
+        | Request::DeletePartition { ack, .. } => ack(Err(err)),
         Request::Read { reply, .. } => reply(Err(err)),
         Request::Backfilled(_) => {}
     }

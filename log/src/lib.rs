@@ -26,7 +26,9 @@ pub use error::LogError;
 pub use host::{Doorbell, Hosted, Turn};
 pub use reader::{read_cached, read_with, Record};
 pub use shared::{PartitionView, Pow2Histogram, Shared, WriterStats};
-pub use writer::{Ack, AckFn, Appended, Now, Request, Resume, RetainedBatch, TokenAck, Writer};
+pub use writer::{
+    Ack, AckFn, Appended, Now, Request, Resume, RetainedBatch, TokenAck, Writer, STALL_WAIT,
+};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -208,13 +210,81 @@ impl Log {
         Ok(rx.recv().map_err(|_| LogError::Shutdown)??.partition)
     }
 
+    /// Creates the partitions `indexes` of `topic` (durably); each one's id, or why it was
+    /// refused (it exists, the registry is full), in the same order. The requests go to the
+    /// writer together, so they share batches and flushes: a topic of a thousand partitions
+    /// costs a flush or two, not a thousand.
+    pub fn create_partitions(
+        &self,
+        topic: &str,
+        indexes: &[u32],
+    ) -> Result<Vec<Result<u32, LogError>>, LogError> {
+        let mut waits = Vec::with_capacity(indexes.len());
+        for &index in indexes {
+            let (tx, rx) = bounded(1);
+            self.send(Request::CreatePartition {
+                topic: topic.to_string(),
+                index,
+                ack: Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            })?;
+            waits.push(rx);
+        }
+        Ok(waits
+            .into_iter()
+            .map(|rx| match rx.recv() {
+                Ok(r) => r.map(|a| a.partition),
+                Err(_) => Err(LogError::Shutdown),
+            })
+            .collect())
+    }
+
+    /// Deletes partitions (durably): their registry entries go, appends to them are refused and
+    /// readers no longer see them. The requests share batches and flushes. Returns the first
+    /// error (an unknown id among them is one); the others are deleted regardless.
+    pub fn delete_partitions(&self, ids: &[u32]) -> Result<(), LogError> {
+        let mut waits = Vec::with_capacity(ids.len());
+        for &partition in ids {
+            let (tx, rx) = bounded(1);
+            self.send(Request::DeletePartition {
+                partition,
+                ack: Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            })?;
+            waits.push(rx);
+        }
+        let mut first_err = None;
+        for rx in waits {
+            if let Err(e) = rx.recv().map_err(|_| LogError::Shutdown).and_then(|r| r) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Whether `count` more partitions named `topic` fit the registry's checkpoint budget now
+    /// (the writer checks each create again; this lets a caller refuse a whole topic before
+    /// creating any of it).
+    pub fn registry_room(&self, topic: &str, count: u32) -> Result<(), LogError> {
+        let st = self.stats();
+        let more = u64::from(count) * (state::ENTRY_FIXED_LEN + topic.len()) as u64;
+        let needed = state::checkpoint_bound(&self.geo, st.registry_bytes + more);
+        if needed > st.checkpoint_budget {
+            return Err(LogError::RegistryFull {
+                partitions: st.registry_partitions as usize,
+                needed,
+                budget: st.checkpoint_budget,
+            });
+        }
+        Ok(())
+    }
+
     /// The id of a durable partition.
     pub fn partition_id(&self, topic: &str, index: u32) -> Option<u32> {
         let s = self.shared.lock();
-        s.partitions
-            .iter()
-            .find(|(_, v)| v.topic == topic && v.index == index)
-            .map(|(id, _)| *id)
+        s.names.get(&(topic.to_string(), index)).copied()
     }
 
     /// A durable partition as readers see it (without its index).

@@ -82,7 +82,16 @@ pub struct WriterStats {
     pub device_bytes_written: u64,
     pub flushes: u64,
     pub superblock_writes: u64,
+    /// Checkpoints completed (each one or more batches), and their batches.
     pub checkpoints: u64,
+    pub checkpoint_batches: u64,
+    /// Log bytes the newest checkpoint took.
+    pub checkpoint_bytes: u64,
+    /// Partitions in the registry, and the bytes their entries take in a checkpoint.
+    pub registry_partitions: u64,
+    pub registry_bytes: u64,
+    /// The most log bytes the registry's checkpoint may take (`state::checkpoint_budget`).
+    pub checkpoint_budget: u64,
     pub reads: u64,
     pub corrupt_reads: u64,
     /// Batches (and their device bytes) that `on_full = drop-oldest` freed to make room although
@@ -105,6 +114,9 @@ pub struct SharedState {
     /// Oldest retained position.
     pub head: u64,
     pub partitions: HashMap<u32, PartitionView>,
+    /// (topic, index) → id of every partition in `partitions` (kept by `insert_partition` and
+    /// `remove_partition`): looking a partition up by name must not scan them all.
+    pub names: HashMap<(String, u32), u32>,
     /// Set once the writer has stopped after a fatal error.
     pub fatal: Option<String>,
     pub stats: WriterStats,
@@ -118,6 +130,24 @@ pub struct SharedState {
     pub backfill_bytes: u64,
     /// What the background scrub found.
     pub scrub: crate::scrub::ScrubState,
+}
+
+impl SharedState {
+    /// Publishes a partition (with its name in `names`).
+    pub fn insert_partition(&mut self, id: u32, view: PartitionView) {
+        self.names.insert((view.topic.clone(), view.index), id);
+        self.partitions.insert(id, view);
+    }
+
+    /// Unpublishes a deleted partition: readers are refused from now on.
+    pub fn remove_partition(&mut self, id: u32) -> Option<PartitionView> {
+        let v = self.partitions.remove(&id)?;
+        let key = (v.topic.clone(), v.index);
+        if self.names.get(&key) == Some(&id) {
+            self.names.remove(&key);
+        }
+        Some(v)
+    }
 }
 
 /// The state plus a condition variable that wakes readers waiting for new durable data.

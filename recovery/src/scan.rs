@@ -1,14 +1,14 @@
 //! The recovery scan, the probe past its stop, and the decision between a torn tail and damage
 //! (storage.md §5, steps 2–3), plus the index rebuild below the recovery point.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use blockdev::BlockDevice;
 use nvmq_log::batch::{check_records, BatchFault, RecordRef};
 use nvmq_log::format::{BatchHeader, BatchKind, HeaderFault, RecordKind, Superblock, MAX_OFFSET};
 use nvmq_log::layout::Geometry;
 use nvmq_log::shared::IndexEntry;
-use nvmq_log::state::{decode_create, Registry};
+use nvmq_log::state::{decode_create, Registry, PART_CONTINUES};
 use nvmq_log::RetainedBatch;
 
 use crate::cursor::{Cursor, DeviceSource, LogSource, WriterSource};
@@ -279,28 +279,26 @@ pub fn recover_scan<D: BlockDevice + ?Sized>(
         epoch: sb.epoch,
         epoch_start: sb.epoch_start,
     };
-    let mut registry: Option<Registry> = None;
+    let mut checkpoint = Checkpoint::Missing;
     let mut index: HashMap<u32, VecDeque<IndexEntry>> = HashMap::new();
     let mut retained = VecDeque::new();
     let mut scanned = scan_range(dev, geo, sb.recovery_point, None, rules, |h, recs| {
-        let reg = match (&mut registry, h.kind) {
-            (None, BatchKind::Checkpoint) => {
-                let payload = recs.first().map_or(&[][..], |r| r.payload);
-                let reg = Registry::decode(payload).map_err(|w| format!("checkpoint: {w}"))?;
-                registry = Some(reg);
-                retained.push_back(retained_of(h));
-                return Ok(());
-            }
-            (None, BatchKind::Records) => {
+        match (&mut checkpoint, h.kind) {
+            (Checkpoint::Complete(reg), BatchKind::Records) => replay(reg, &mut index, h, recs)?,
+            // A later checkpoint (or the start of one a cut tore): the state it holds is what
+            // the replay builds anyway.
+            (Checkpoint::Complete(_), BatchKind::Checkpoint) => {}
+            (_, BatchKind::Checkpoint) => checkpoint.add_part(recs)?,
+            (Checkpoint::Missing, BatchKind::Records) => {
                 return Err("no checkpoint at the recovery point".into());
             }
-            (Some(_), BatchKind::Checkpoint) => {
-                retained.push_back(retained_of(h));
-                return Ok(());
+            (Checkpoint::Partial { parts, .. }, BatchKind::Records) => {
+                return Err(format!(
+                    "the checkpoint at the recovery point ends after {parts} of its batches, \
+                     without its last"
+                ));
             }
-            (Some(reg), BatchKind::Records) => reg,
-        };
-        replay(reg, &mut index, h, recs)?;
+        }
         retained.push_back(retained_of(h));
         Ok(())
     });
@@ -351,10 +349,10 @@ pub fn recover_scan<D: BlockDevice + ?Sized>(
             });
         }
     }
-    let Some(registry) = registry else {
+    let Checkpoint::Complete(registry) = checkpoint else {
         return Err(RecoveryError::Damage {
             position: sb.recovery_point,
-            what: "no checkpoint at the recovery point".into(),
+            what: "no complete checkpoint at the recovery point".into(),
         });
     };
     // Torn tail: cut at the start of the batch that holds the failure.
@@ -363,6 +361,60 @@ pub fn recover_scan<D: BlockDevice + ?Sized>(
     scanned.index = index;
     scanned.retained = retained;
     Ok(scanned)
+}
+
+/// The checkpoint at the recovery point, as its batches are read (see `nvmq_log::state`).
+enum Checkpoint {
+    Missing,
+    /// Parts read so far (the next one's index), and the registry they add up to.
+    Partial {
+        parts: u64,
+        registry: Registry,
+    },
+    Complete(Registry),
+}
+
+impl Checkpoint {
+    /// Adds the part a checkpoint batch holds; the parts must come in order, from 0.
+    fn add_part(&mut self, recs: &[RecordRef<'_>]) -> Result<(), String> {
+        let Some(r) = recs.first() else {
+            return Err("a checkpoint batch without a record".into());
+        };
+        let continues = match r.header.partition {
+            0 => false,
+            PART_CONTINUES => true,
+            other => return Err(format!("checkpoint record with continuation {other}")),
+        };
+        let part = Registry::decode(r.payload).map_err(|w| format!("checkpoint: {w}"))?;
+        let (expected, registry) = match std::mem::replace(self, Checkpoint::Missing) {
+            Checkpoint::Missing => (0, None),
+            Checkpoint::Partial { parts, registry } => (parts, Some(registry)),
+            Checkpoint::Complete(_) => return Err("a checkpoint part after its last".into()),
+        };
+        if r.header.offset != expected {
+            return Err(format!(
+                "checkpoint part {} where part {expected} was expected",
+                r.header.offset
+            ));
+        }
+        let registry = match registry {
+            None => part,
+            Some(mut reg) => {
+                reg.append_part(part)
+                    .map_err(|w| format!("checkpoint part {expected}: {w}"))?;
+                reg
+            }
+        };
+        *self = if continues {
+            Checkpoint::Partial {
+                parts: expected + 1,
+                registry,
+            }
+        } else {
+            Checkpoint::Complete(registry)
+        };
+        Ok(())
+    }
 }
 
 fn retained_of(h: &BatchHeader) -> RetainedBatch {
@@ -374,7 +426,8 @@ fn retained_of(h: &BatchHeader) -> RetainedBatch {
 }
 
 /// Applies a valid records batch to the registry and the index. Inconsistencies a checksum
-/// cannot catch (an unknown partition, an offset out of sequence) refuse the batch.
+/// cannot catch (an unknown partition, an offset out of sequence, a record of a partition after
+/// its delete) refuse the batch.
 fn replay(
     reg: &mut Registry,
     index: &mut HashMap<u32, VecDeque<IndexEntry>>,
@@ -384,14 +437,22 @@ fn replay(
     // Check first, then apply, so that a refused batch leaves no trace.
     let mut next: HashMap<u32, u64> = HashMap::new();
     let mut creates: Vec<(u32, String, u32)> = Vec::new();
+    let mut created: HashSet<u32> = HashSet::new();
+    let mut deleted: HashSet<u32> = HashSet::new();
     for r in recs {
         let id = r.header.partition;
         match r.header.kind {
             RecordKind::Data => {
+                if deleted.contains(&id) {
+                    return Err(format!(
+                        "record at {} names partition {id}, deleted before it",
+                        r.header.position
+                    ));
+                }
                 let known = reg
                     .get(id)
                     .map(|p| p.next_offset)
-                    .or_else(|| creates.iter().any(|c| c.0 == id).then_some(0));
+                    .or_else(|| created.contains(&id).then_some(0));
                 let expect = *next.get(&id).or(known.as_ref()).ok_or_else(|| {
                     format!(
                         "record at {} names unknown partition {id}",
@@ -425,8 +486,18 @@ fn replay(
             RecordKind::CreatePartition => {
                 let (topic, idx) = decode_create(r.payload)?;
                 creates.push((id, topic, idx));
+                created.insert(id);
             }
-            RecordKind::DeletePartition | RecordKind::Checkpoint => {}
+            RecordKind::DeletePartition => {
+                let known = reg.get(id).is_some() || created.contains(&id);
+                if !known || !deleted.insert(id) {
+                    return Err(format!(
+                        "record at {} deletes unknown partition {id}",
+                        r.header.position
+                    ));
+                }
+            }
+            RecordKind::Checkpoint => {}
         }
     }
     for (id, topic, idx) in creates {
@@ -439,6 +510,12 @@ fn replay(
         if let Some(p) = reg.get_mut(id) {
             p.next_offset = n;
         }
+    }
+    // A deleted partition keeps neither its entry nor its index (its records earlier in the
+    // log are never served again).
+    for id in deleted {
+        reg.remove(id);
+        index.remove(&id);
     }
     Ok(())
 }

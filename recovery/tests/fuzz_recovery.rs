@@ -423,8 +423,10 @@ fn images() -> &'static [Image] {
             build_image(5, 2, false, None, 60),
             build_image(6, 5, false, Some(48 << 10), 100),
             // Holds cut-away batches still on the device (behind a torn one): what a resurrection
-            // would serve (see `cut_away_records_are_on_the_device`).
-            build_image(7, 4, true, None, 160),
+            // would serve (see `cut_away_records_are_on_the_device`). Which seed does depends
+            // on the writer's exact I/O pattern: re-pick when that test fails after a writer
+            // change (it did with multi-batch checkpoints: 7 no longer held one, 10 does).
+            build_image(10, 3, true, None, 160),
         ]
     })
 }

@@ -130,7 +130,7 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{} {}", braces(l), v(d));
             }
         };
-        let counters: [Series<u64>; 11] = [
+        let counters: [Series<u64>; 12] = [
             ("nvmq_appends_acked_total", "Appends acknowledged.", |d| {
                 d.stats.appends_acked
             }),
@@ -159,8 +159,13 @@ impl Metrics {
             ),
             (
                 "nvmq_checkpoints_total",
-                "Checkpoint batches written.",
+                "Checkpoints written (each one batch or more).",
                 |d| d.stats.checkpoints,
+            ),
+            (
+                "nvmq_checkpoint_batches_total",
+                "Checkpoint batches written.",
+                |d| d.stats.checkpoint_batches,
             ),
             ("nvmq_reads_total", "Log reads served.", |d| d.stats.reads),
             (
@@ -216,7 +221,7 @@ impl Metrics {
                 render_pow2(&mut out, name, l, h(d), le, scale);
             }
         }
-        let gauges: [Series<f64>; 5] = [
+        let gauges: [Series<f64>; 9] = [
             (
                 "nvmq_records_per_flush_mean",
                 "Appends acknowledged per flush submitted, since start.",
@@ -239,6 +244,26 @@ impl Metrics {
                 "nvmq_durable_position_bytes",
                 "The durable position D.",
                 |d| d.durable as f64,
+            ),
+            (
+                "nvmq_partitions",
+                "Partitions in the log's registry (topics' partitions and the internal ones).",
+                |d| d.stats.registry_partitions as f64,
+            ),
+            (
+                "nvmq_registry_bytes",
+                "Bytes the registry's entries take in a checkpoint.",
+                |d| d.stats.registry_bytes as f64,
+            ),
+            (
+                "nvmq_checkpoint_bytes",
+                "Log bytes the newest checkpoint took.",
+                |d| d.stats.checkpoint_bytes as f64,
+            ),
+            (
+                "nvmq_checkpoint_budget_bytes",
+                "The most log bytes the registry's checkpoint may take: creating partitions past it is refused.",
+                |d| d.stats.checkpoint_budget as f64,
             ),
         ];
         for (name, help, v) in gauges {

@@ -278,6 +278,19 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         stop_after_writer_failure(server, device, name, &reason, args.writer_stop_grace);
         return Ok(Status::WriterStopped);
     }
+    println!("stopping: signal received");
+    // A clean stop waits (boundedly) for appends in flight; a second signal stops at once, as
+    // a crash would: what was acknowledged is durable, the rest is the clients' to retry.
+    let forced = std::thread::Builder::new()
+        .name("nvmq-signal".into())
+        .spawn(move || {
+            rt.block_on(stop_signal());
+            eprintln!("second signal: stopping at once, without waiting for appends in flight");
+            std::process::exit(1);
+        });
+    if let Err(e) = forced {
+        tracing::warn!(error = %e, "no thread for a second signal; the clean stop runs to its end");
+    }
     server.shutdown().context("stopping")?;
     println!("nvmq stopped");
     Ok(Status::Ok)
@@ -355,5 +368,4 @@ async fn stop_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term => {}
     }
-    println!("stopping: signal received");
 }

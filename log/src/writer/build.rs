@@ -12,29 +12,25 @@ impl<D: BlockDevice> Writer<D> {
             {
                 return moved;
             }
-            let want_checkpoint = !self.checkpoint_in_flight
-                && self.durable_checkpoint.is_none()
-                && (self.force_checkpoint
-                    || self.tail - self.newest_sb().recovery_point >= self.lag);
+            let want_checkpoint = self.want_checkpoint();
             if self.pending.is_empty() && !want_checkpoint {
                 self.space_needed_head = 0;
                 return moved;
             }
             let in_flight = self.tail - self.durable;
             let window_room = self.geo.window.saturating_sub(in_flight);
-            // Normal batches leave room for one checkpoint, so the ring can always move on.
+            // Normal batches leave room for a whole checkpoint, so the ring can always move on.
             let reserve = if want_checkpoint {
                 0
             } else {
-                self.geo.max_batch
+                self.checkpoint_reserve()
             };
             let ring_room =
                 (self.ring_floor() + self.geo.log_size).saturating_sub(self.tail + reserve);
             let room = window_room.min(ring_room).min(self.geo.max_batch);
             let room = room - room % self.geo.write_unit;
             let first_need = if want_checkpoint {
-                self.geo
-                    .round_up((BATCH_HEADER_LEN + record_size(self.checkpoint_len())) as u64)
+                self.checkpoint_part_need()
             } else {
                 self.geo.round_up(
                     (BATCH_HEADER_LEN + record_size(self.pending.front().map_or(0, pending_len)))
@@ -53,7 +49,7 @@ impl<D: BlockDevice> Writer<D> {
             self.space_needed_head = 0;
             self.full_since_ns = None;
             if want_checkpoint {
-                self.write_checkpoint(now);
+                self.write_checkpoint_part(room, now);
             } else {
                 self.write_records(room as usize, now);
             }
@@ -64,56 +60,15 @@ impl<D: BlockDevice> Writer<D> {
         }
     }
 
-    pub(super) fn checkpoint_len(&self) -> usize {
-        // Upper bound of the encoded registry; exact length is computed when it is written.
-        8 + self
-            .registry
-            .iter()
-            .map(|p| 26 + p.topic.len())
-            .sum::<usize>()
-    }
-
-    pub(super) fn write_checkpoint(&mut self, now: Now) {
-        let state = self.registry.encode();
-        if BATCH_HEADER_LEN + record_size(state.len()) > self.geo.max_batch as usize {
-            self.fail(LogError::Config(format!(
-                "the checkpoint ({} bytes for {} partitions) no longer fits one batch of {} bytes",
-                state.len(),
-                self.registry.len(),
-                self.geo.max_batch
-            )));
-            return;
-        }
-        let Some(mut buf) = self.take_batch_buffer() else {
-            return;
-        };
-        buf.set_len(buf.capacity());
-        let mut b = BatchBuilder::new(&mut buf, self.geo.format_id, self.epoch, self.tail);
-        b.push(RecordKind::Checkpoint, 0, 0, &state);
-        self.force_checkpoint = false;
-        self.checkpoint_in_flight = true;
-        let sealed = b_finish(b);
-        self.seal_and_submit(
-            buf,
-            sealed,
-            BatchKind::Checkpoint,
-            (Vec::new(), 0),
-            Vec::new(),
-            Vec::new(),
-            now,
-        );
-        self.shared.lock().stats.checkpoints += 1;
-    }
-
     pub(super) fn write_records(&mut self, room: usize, now: Now) {
         let Some(mut buf) = self.take_batch_buffer() else {
             return;
         };
         buf.set_len(buf.capacity());
-        let mut acks = Vec::new();
-        let mut payload_bytes = 0u64;
-        let mut index: Vec<(u32, IndexEntry)> = Vec::new();
-        let mut created = Vec::new();
+        let mut c = Contents::default();
+        // Where each partition's index entry for this batch sits in `c.index`: a batch may
+        // hold records of thousands of partitions.
+        let mut entry_of: HashMap<u32, usize> = HashMap::new();
         let mut b = BatchBuilder::new(&mut buf, self.geo.format_id, self.epoch, self.tail);
         let u = self.geo.write_unit as usize;
         while let Some(p) = self.pending.front() {
@@ -151,21 +106,24 @@ impl<D: BlockDevice> Writer<D> {
                     }
                     st.next_offset = end;
                     let position = b.push_span(RecordKind::Data, partition, offset, span, &payload);
-                    payload_bytes += payload.len() as u64;
-                    match index.iter_mut().rev().find(|(id, _)| *id == partition) {
+                    c.payload_bytes += payload.len() as u64;
+                    match entry_of.get(&partition).and_then(|&i| c.index.get_mut(i)) {
                         Some((_, e)) => e.end_offset = end,
-                        None => index.push((
-                            partition,
-                            IndexEntry {
-                                first_offset: offset,
-                                end_offset: end,
-                                batch_position: self.tail,
-                                batch_length: 0,
-                                epoch: self.epoch,
-                            },
-                        )),
+                        None => {
+                            entry_of.insert(partition, c.index.len());
+                            c.index.push((
+                                partition,
+                                IndexEntry {
+                                    first_offset: offset,
+                                    end_offset: end,
+                                    batch_position: self.tail,
+                                    batch_length: 0,
+                                    epoch: self.epoch,
+                                },
+                            ));
+                        }
                     }
-                    acks.push((
+                    c.acks.push((
                         p.ack,
                         Appended {
                             partition,
@@ -185,15 +143,38 @@ impl<D: BlockDevice> Writer<D> {
                         self.answer(p.ack, Err(LogError::PartitionIdsExhausted(id)));
                         continue;
                     }
+                    if let Err(e) = self.registry_room_for(&topic) {
+                        self.answer(p.ack, Err(e));
+                        continue;
+                    }
                     let payload = encode_create(&topic, idx);
                     let position = b.push(RecordKind::CreatePartition, id, 0, &payload);
                     self.registry.insert(id, topic.clone(), idx);
-                    created.push((id, topic, idx));
-                    acks.push((
+                    c.created.push((id, topic, idx));
+                    c.acks.push((
                         p.ack,
                         Appended {
                             partition: id,
                             offset: 0,
+                            position,
+                        },
+                        p.since,
+                    ));
+                }
+                Item::Delete { partition } => {
+                    let Some(st) = self.registry.remove(partition) else {
+                        self.answer(p.ack, Err(LogError::UnknownPartition(partition)));
+                        continue;
+                    };
+                    let position = b.push(RecordKind::DeletePartition, partition, 0, &[]);
+                    // Its records earlier in this batch are indexed; none can follow.
+                    entry_of.remove(&partition);
+                    c.deleted.push(partition);
+                    c.acks.push((
+                        p.ack,
+                        Appended {
+                            partition,
+                            offset: st.next_offset,
                             position,
                         },
                         p.since,
@@ -206,29 +187,31 @@ impl<D: BlockDevice> Writer<D> {
             self.free_bufs.push(buf);
             return;
         }
-        self.seal_and_submit(
-            buf,
-            sealed,
-            BatchKind::Records,
-            (acks, payload_bytes),
-            index,
-            created,
-            now,
-        );
+        if !c.created.is_empty() || !c.deleted.is_empty() {
+            let mut s = self.shared.lock();
+            s.stats.registry_partitions = self.registry.len() as u64;
+            s.stats.registry_bytes = self.registry.entry_bytes();
+        }
+        self.seal_and_submit(buf, sealed, BatchKind::Records, c, now);
     }
 
     /// Pads and seals the batch in `buf`, then submits it (split at the ring's end).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn seal_and_submit(
         &mut self,
         mut buf: IoBuffer,
         (used, record_count): (usize, u32),
         kind: BatchKind,
-        (acks, payload_bytes): (Vec<AckEntry>, u64),
-        mut index: Vec<(u32, IndexEntry)>,
-        created: Vec<(u32, String, u32)>,
+        contents: Contents,
         now: Now,
     ) {
+        let Contents {
+            acks,
+            payload_bytes,
+            mut index,
+            created,
+            deleted,
+            checkpoint_done,
+        } = contents;
         let u = self.geo.write_unit as usize;
         let len = used.div_ceil(u) * u;
         // Re-seal with the real header now that kind, D and the link are known.
@@ -246,7 +229,6 @@ impl<D: BlockDevice> Writer<D> {
         buf[used..len].fill(0);
         let crc = header.encode(&mut buf[..BATCH_HEADER_LEN]);
         let position = self.tail;
-        let link = self.last_hash;
         for (_, e) in &mut index {
             e.batch_length = len as u32;
         }
@@ -324,13 +306,15 @@ impl<D: BlockDevice> Writer<D> {
             written: false,
             acked: false,
             kind,
-            link,
             timestamp_ms: now.wall_ms,
             acks,
             payload_bytes,
             index,
             created,
+            deleted,
+            checkpoint_done,
         });
+        self.stalled_since_ns = None;
     }
 }
 
@@ -368,7 +352,20 @@ impl<D: BlockDevice> Writer<D> {
     }
 }
 
+/// What a batch carries besides its bytes, handed over when it is published (durable).
+#[derive(Default)]
+pub(super) struct Contents {
+    pub acks: Vec<AckEntry>,
+    /// Payload bytes of its data records (for write amplification).
+    pub payload_bytes: u64,
+    pub index: Vec<(u32, IndexEntry)>,
+    pub created: Vec<(u32, String, u32)>,
+    pub deleted: Vec<u32>,
+    /// See `InFlight::checkpoint_done`.
+    pub checkpoint_done: Option<(u64, u32)>,
+}
+
 /// (bytes used, record count) of a batch being sealed.
-fn b_finish(b: BatchBuilder<'_>) -> (usize, u32) {
+pub(super) fn b_finish(b: BatchBuilder<'_>) -> (usize, u32) {
     (b.used(), b.count())
 }

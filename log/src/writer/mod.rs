@@ -32,11 +32,13 @@ use crate::format::{
 };
 use crate::layout::{Geometry, Transfers};
 use crate::shared::{IndexEntry, PartitionView, Shared};
-use crate::state::{encode_create, Registry, MAX_TOPIC_LEN};
+use crate::state::{checkpoint_budget, encode_create, Registry, MAX_TOPIC_LEN};
 use crate::LogError;
 
 mod ack;
+mod backfill;
 mod build;
+mod checkpoint;
 mod reads;
 mod settle;
 mod space;
@@ -68,6 +70,10 @@ pub enum Request {
         index: u32,
         ack: AckFn,
     },
+    /// Deletes a partition (durably): its entry leaves the registry, so the checkpoint shrinks,
+    /// and appends to it are refused from then on. Its records stay on the device until the
+    /// ring frees them, but are never served again.
+    DeletePartition { partition: u32, ack: AckFn },
     /// The background index rebuild below the recovery point finished (see `backfill`).
     Backfilled(Result<Backfilled, String>),
     /// Raw log bytes [position, position + len), for readers (the writer owns the device).
@@ -115,6 +121,10 @@ pub struct Resume {
     pub backfill: Option<Backfill>,
 }
 
+/// How long appends may wait while the writer can write nothing at all (nothing in flight, no
+/// room it can free, no checkpoint it can write) before they fail naming why (`check_stall`).
+pub const STALL_WAIT: Duration = Duration::from_secs(10);
+
 const TAG_WRITE: u64 = 1 << 56;
 const TAG_FLUSH: u64 = 2 << 56;
 const TAG_SUPERBLOCK: u64 = 3 << 56;
@@ -130,6 +140,9 @@ enum Item {
     Create {
         topic: String,
         index: u32,
+    },
+    Delete {
+        partition: u32,
     },
 }
 
@@ -151,9 +164,6 @@ struct InFlight {
     written: bool,
     acked: bool,
     kind: BatchKind,
-    /// Link of this batch (the previous batch's header checksum): the recovery link when it is a
-    /// checkpoint.
-    link: u32,
     timestamp_ms: u64,
     acks: Vec<AckEntry>,
     /// Payload bytes of the data records in it (for write amplification).
@@ -162,6 +172,11 @@ struct InFlight {
     index: Vec<(u32, IndexEntry)>,
     /// Partitions this batch creates, published when durable.
     created: Vec<(u32, String, u32)>,
+    /// Partitions this batch deletes, unpublished when durable.
+    deleted: Vec<u32>,
+    /// The last batch of a checkpoint: the (position, link) of its first batch, which the next
+    /// superblock may name as the recovery point once this batch is durable.
+    checkpoint_done: Option<(u64, u32)>,
 }
 
 struct FlushSlot {
@@ -247,10 +262,24 @@ pub struct Writer<D: BlockDevice> {
     newest: u8,
     sb_write: Option<SbWrite>,
     sb_last_ns: u64,
-    /// Newest durable checkpoint: (position, link), not yet named by a superblock.
+    /// Newest durable checkpoint: (position, link) of its first batch, not yet named by a
+    /// superblock.
     durable_checkpoint: Option<(u64, u32)>,
+    /// A checkpoint is being written or is not durable yet.
     checkpoint_in_flight: bool,
+    /// The checkpoint whose batches are being written (nothing else is written until its last).
+    checkpoint_run: Option<checkpoint::Run>,
+    /// Where the newest durable checkpoint ends (the recovery point after a resume): the lag is
+    /// counted from here.
+    checkpoint_end: u64,
     force_checkpoint: bool,
+    /// Log bytes the registry's checkpoint may take (`state::checkpoint_budget`).
+    checkpoint_budget: u64,
+    /// Since when appends have waited while the writer could write nothing (see `check_stall`),
+    /// and whether that was logged.
+    stalled_since_ns: Option<u64>,
+    stall_warned: bool,
+    stall_wait: Duration,
     /// Since when appends have waited for space (on_full = refuse).
     full_since_ns: Option<u64>,
     /// The head the ring needs for the next batch to fit (0 when nothing waits for space).
@@ -322,7 +351,13 @@ impl<D: BlockDevice> Writer<D> {
                     .map_err(LogError::device("allocate batch buffers"))?,
             );
         }
-        let ring_room = geo.log_size.saturating_sub(geo.window + 3 * geo.max_batch) / 2;
+        // The ring holds the lag twice over (the older superblock copy may pin one recovery point
+        // back), the window, two batches, and the room kept for a checkpoint.
+        let checkpoint_budget = checkpoint_budget(&geo);
+        let ring_room = geo
+            .log_size
+            .saturating_sub(geo.window + 2 * geo.max_batch + checkpoint_budget)
+            / 2;
         let lag = cfg.recovery_lag.min(ring_room).max(geo.max_batch);
         let volatile_cache = dev.info().volatile_write_cache;
         let dev_linked_flush = dev.info().linked_flush;
@@ -370,7 +405,13 @@ impl<D: BlockDevice> Writer<D> {
             sb_last_ns: 0,
             durable_checkpoint: None,
             checkpoint_in_flight: false,
+            checkpoint_run: None,
+            checkpoint_end: newest_sb.recovery_point,
             force_checkpoint: false,
+            checkpoint_budget,
+            stalled_since_ns: None,
+            stall_warned: false,
+            stall_wait: STALL_WAIT,
             full_since_ns: None,
             space_needed_head: 0,
             reads: HashMap::new(),
@@ -396,8 +437,11 @@ impl<D: BlockDevice> Writer<D> {
         s.head = self.head();
         s.epoch = self.epoch;
         s.backfill_pending = self.backfill_pending;
+        s.stats.registry_partitions = self.registry.len() as u64;
+        s.stats.registry_bytes = self.registry.entry_bytes();
+        s.stats.checkpoint_budget = self.checkpoint_budget;
         for p in self.registry.iter() {
-            s.partitions.insert(
+            s.insert_partition(
                 p.id,
                 PartitionView {
                     topic: p.topic.clone(),
@@ -436,59 +480,10 @@ impl<D: BlockDevice> Writer<D> {
         self.fatal.as_ref()
     }
 
-    /// The background index rebuild to run (once): `Log::start` runs it on a thread of its own; a
-    /// caller stepping the writer runs it with reads through the stepped writer. Its result comes
-    /// back as `Request::Backfilled`.
-    pub fn take_backfill(&mut self) -> Option<Backfill> {
-        self.backfill.take()
-    }
-
-    /// Runs the background index rebuild right here, for owners that step the writer themselves
-    /// (simulations, tools): `read` fetches raw log bytes by stepping this writer.
-    pub fn backfill_with(
-        &mut self,
-        mut read: impl FnMut(&mut Self, u64, u64) -> Result<Vec<u8>, LogError>,
-    ) {
-        let Some(job) = self.take_backfill() else {
-            return;
-        };
-        let result = job.run(&mut |position, len| read(self, position, len));
-        self.install_backfill(result);
-    }
-
-    /// Installs the index below the recovery point in front of what the writer has indexed since.
-    fn install_backfill(&mut self, result: Result<Backfilled, String>) {
-        if !self.backfill_pending {
-            return;
-        }
-        self.backfill_pending = false;
-        let mut s = self.shared.lock();
-        s.backfill_pending = false;
-        match result {
-            Ok(mut b) => {
-                s.backfill_bytes = b.bytes_read;
-                while let Some(r) = b.retained.pop_back() {
-                    self.retained.push_front(r);
-                }
-                for (id, v) in s.partitions.iter_mut() {
-                    if let Some(mut older) = b.index.remove(id) {
-                        older.extend(v.entries.drain(..));
-                        v.entries = older;
-                    }
-                    let start = v.entries.front().map_or(v.durable_end, |e| e.first_offset);
-                    v.start_offset = start;
-                    if let Some(p) = self.registry.get_mut(*id) {
-                        p.start_offset = start;
-                    }
-                }
-            }
-            Err(what) => {
-                tracing::error!(%what, "damage below the recovery point: older records of the log cannot be served");
-                s.backfill_error = Some(what);
-            }
-        }
-        drop(s);
-        self.shared.notify();
+    /// Sets how long appends may wait while the writer can write nothing ([`STALL_WAIT`] unless
+    /// set), for tests that make it stall on purpose.
+    pub fn set_stall_wait(&mut self, wait: Duration) {
+        self.stall_wait = wait;
     }
 
     /// Shutting down: from now on every write is flushed at once, whatever the flush mode.
@@ -518,7 +513,9 @@ impl<D: BlockDevice> Writer<D> {
         if let Some(e) = &self.fatal {
             let e = LogError::WriterStopped(e.to_string());
             match req {
-                Request::Append { ack, .. } | Request::CreatePartition { ack, .. } => ack(Err(e)),
+                Request::Append { ack, .. }
+                | Request::CreatePartition { ack, .. }
+                | Request::DeletePartition { ack, .. } => ack(Err(e)),
                 Request::Read { reply, .. } => reply(Err(e)),
                 Request::Backfilled(_) => {}
             }
@@ -545,6 +542,11 @@ impl<D: BlockDevice> Writer<D> {
                     since: Instant::now(),
                 });
             }
+            Request::DeletePartition { partition, ack } => self.pending.push_back(Pending {
+                item: Item::Delete { partition },
+                ack: Ack::Call(ack),
+                since: Instant::now(),
+            }),
             Request::Read {
                 position,
                 len,
@@ -634,6 +636,7 @@ impl<D: BlockDevice> Writer<D> {
         }
         moved |= self.maybe_flush(now);
         self.check_full(now);
+        self.check_stall(now);
         if moved {
             self.last_activity_ns = now.mono_ns;
             // Hand what this step submitted to the device now: a queue-based device (io_uring,
@@ -746,6 +749,7 @@ fn pending_len(p: &Pending) -> usize {
     match &p.item {
         Item::Data { payload, .. } => payload.len(),
         Item::Create { topic, .. } => 4 + topic.len(),
+        Item::Delete { .. } => 0,
     }
 }
 

@@ -140,7 +140,7 @@ impl<D: BlockDevice> Writer<D> {
             }
             for b in &mut done {
                 for (id, topic, index) in b.created.drain(..) {
-                    s.partitions.insert(
+                    s.insert_partition(
                         id,
                         PartitionView {
                             topic,
@@ -155,6 +155,10 @@ impl<D: BlockDevice> Writer<D> {
                         v.entries.push_back(e);
                     }
                 }
+                // After its index: records of a partition precede its delete in a batch.
+                for id in b.deleted.drain(..) {
+                    s.remove_partition(id);
+                }
             }
         }
         self.shared.notify();
@@ -164,9 +168,12 @@ impl<D: BlockDevice> Writer<D> {
                 end: b.end,
                 timestamp_ms: b.timestamp_ms,
             });
-            if b.kind == BatchKind::Checkpoint {
+            // The last batch of a checkpoint: every batch of it is durable now (D moves over a
+            // contiguous prefix), so the superblock may name its first.
+            if let Some(first) = b.checkpoint_done {
                 self.checkpoint_in_flight = false;
-                self.durable_checkpoint = Some((b.position, b.link));
+                self.durable_checkpoint = Some(first);
+                self.checkpoint_end = b.end;
             }
             ack_once(&self.shared, &mut self.token_acks, &mut b);
         }

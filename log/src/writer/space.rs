@@ -185,10 +185,90 @@ impl<D: BlockDevice> Writer<D> {
             return;
         }
         let needed = self.space_needed_head.saturating_sub(self.ring_floor());
+        tracing::warn!(
+            appends = self.pending.len(),
+            needed,
+            "log full (on_full = refuse): refusing the appends waiting; retention frees nothing \
+             more yet"
+        );
         self.pending_bytes = 0;
         for p in std::mem::take(&mut self.pending) {
             self.answer(p.ack, Err(LogError::LogFull { needed }));
         }
         self.full_since_ns = None;
+    }
+}
+
+impl<D: BlockDevice> Writer<D> {
+    /// Appends waiting while nothing is in flight are waiting for something only the writer
+    /// could do (free space, write a checkpoint) and cannot: it says so in its log after a
+    /// quarter of the stall limit, and at the limit fails them with an error naming why, so
+    /// that producers hear of it (and a closing writer can stop) instead of waiting for ever.
+    pub(super) fn check_stall(&mut self, now: Now) {
+        if self.pending.is_empty() || !self.batches.is_empty() {
+            if self.stall_warned {
+                tracing::warn!("the writer writes again");
+            }
+            self.stalled_since_ns = None;
+            self.stall_warned = false;
+            return;
+        }
+        let since = *self.stalled_since_ns.get_or_insert(now.mono_ns);
+        let waited = now.mono_ns.saturating_sub(since);
+        let limit = self.stall_wait.as_nanos() as u64;
+        if !self.stall_warned && waited >= limit / 4 {
+            self.stall_warned = true;
+            tracing::warn!(
+                appends = self.pending.len(),
+                waited_ms = waited / 1_000_000,
+                why = %self.stall_reason(),
+                "appends are waiting and the writer can write nothing"
+            );
+        }
+        if waited < limit {
+            return;
+        }
+        let e = LogError::Stalled {
+            waited_ms: waited / 1_000_000,
+            why: self.stall_reason(),
+        };
+        tracing::error!(appends = self.pending.len(), error = %e, "failing the appends waiting");
+        self.pending_bytes = 0;
+        for p in std::mem::take(&mut self.pending) {
+            self.answer(p.ack, Err(e.clone()));
+        }
+        self.stalled_since_ns = None;
+        self.stall_warned = false;
+    }
+
+    /// Why the writer cannot write, for its log and the error appends get.
+    fn stall_reason(&self) -> String {
+        let sb = self.newest_sb();
+        let at = format!(
+            "tail {}, head {}, recovery point {}, ring floor {}, log {} B, window {} B",
+            self.tail,
+            sb.head,
+            sb.recovery_point,
+            self.ring_floor(),
+            self.geo.log_size,
+            self.geo.window
+        );
+        if self.want_checkpoint() {
+            format!(
+                "a checkpoint of the registry ({} partitions, up to {} B) must be written first \
+                 and finds no room: {at}",
+                self.registry.len(),
+                self.checkpoint_reserve()
+            )
+        } else if self.space_needed_head > 0 && self.backfill_pending {
+            format!(
+                "the ring is full and nothing is freed until the index below the recovery point \
+                 is rebuilt: {at}"
+            )
+        } else if self.space_needed_head > 0 {
+            format!("the ring is full and the head cannot move past the recovery point: {at}")
+        } else {
+            format!("no room for the next batch: {at}")
+        }
     }
 }
