@@ -191,6 +191,22 @@ pub fn check_records<'a>(
     Ok(())
 }
 
+/// The chain rule (storage.md §4.2): a batch names the header checksum of the batch before it
+/// (`prev_crc`, when known) as its link, and its epoch is not below that batch's. Recovery's scan
+/// and the scrub both hold batches to it; the reason when one breaks it.
+pub fn follows(h: &BatchHeader, prev_crc: Option<u32>, prev_epoch: u64) -> Result<(), String> {
+    if prev_crc.is_some_and(|c| c != h.prev_hash) {
+        return Err("batch does not link to the previous batch".into());
+    }
+    if h.epoch < prev_epoch {
+        return Err(format!(
+            "epoch {} below the previous batch's {prev_epoch}",
+            h.epoch
+        ));
+    }
+    Ok(())
+}
+
 /// Decodes and checks a whole batch expected at `position`, and of `epoch` when the caller knows
 /// which epoch wrote it (a reader, from the index).
 pub fn check_batch<'a>(

@@ -269,16 +269,14 @@ impl Log {
     /// creating any of it).
     pub fn registry_room(&self, topic: &str, count: u32) -> Result<(), LogError> {
         let st = self.stats();
-        let more = u64::from(count) * (state::ENTRY_FIXED_LEN + topic.len()) as u64;
-        let needed = state::checkpoint_bound(&self.geo, st.registry_bytes + more);
-        if needed > st.checkpoint_budget {
-            return Err(LogError::RegistryFull {
-                partitions: st.registry_partitions as usize,
-                needed,
-                budget: st.checkpoint_budget,
-            });
-        }
-        Ok(())
+        state::check_registry_room(
+            &self.geo,
+            st.registry_partitions as usize,
+            st.registry_bytes,
+            topic,
+            count,
+            st.checkpoint_budget,
+        )
     }
 
     /// The id of a durable partition.

@@ -202,16 +202,9 @@ fn check_chunk(
             }
         };
         if let Some(l) = prev.filter(|l| l.end == here) {
-            let what = if h.prev_hash != l.crc {
-                Some("a valid batch that does not link to the batch before it (a stale batch)")
-            } else if h.epoch < l.epoch {
-                Some("a valid batch of an epoch below the batch before it (a stale batch)")
-            } else {
-                None
-            };
-            if let Some(what) = what {
+            if let Err(why) = crate::batch::follows(&h, Some(l.crc), l.epoch) {
                 *prev = None;
-                let what = format!("{what}: epoch {} after epoch {}", h.epoch, l.epoch);
+                let what = format!("a valid batch that breaks the chain (a stale batch): {why}");
                 return (off, Some(damage(what, Some(len))));
             }
         }

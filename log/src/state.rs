@@ -44,6 +44,28 @@ pub fn checkpoint_bound(geo: &Geometry, entry_bytes: u64) -> u64 {
     parts.saturating_mul(geo.max_batch)
 }
 
+/// Whether a registry of `partitions` entries taking `entry_bytes` takes `count` more entries
+/// for `topic` within the checkpoint `budget`; the error names the figures when not.
+pub fn check_registry_room(
+    geo: &Geometry,
+    partitions: usize,
+    entry_bytes: u64,
+    topic: &str,
+    count: u32,
+    budget: u64,
+) -> Result<(), crate::LogError> {
+    let more = u64::from(count) * (ENTRY_FIXED_LEN + topic.len()) as u64;
+    let needed = checkpoint_bound(geo, entry_bytes + more);
+    if needed > budget {
+        return Err(crate::LogError::RegistryFull {
+            partitions,
+            needed,
+            budget,
+        });
+    }
+    Ok(())
+}
+
 /// Log bytes the registry's checkpoint may take: an eighth of what the ring has besides the
 /// in-flight window and four maximum batches, and at least one batch (the checkpoint of a log too
 /// small for more). The writer keeps this much room for a checkpoint (storage.md §4.3), so

@@ -139,11 +139,7 @@ fn recover_for<D: BlockDevice + ?Sized>(
     // 4. Fence the cut: a new epoch starting at it, in both copies, before any write.
     let other_epochs = copies.iter().flatten().map(|c| c.epoch).max().unwrap_or(0);
     // Epochs below 2^63 only (superblock and batch header decoding refuse larger ones): no wrap.
-    let new_epoch = scanned
-        .max_epoch
-        .max(other_epochs)
-        .max(sb.epoch)
-        .saturating_add(1);
+    let new_epoch = scanned.max_epoch.max(other_epochs).max(sb.epoch) + 1;
     let first = Superblock {
         copy: 1 - sb.copy,
         sequence: sb.sequence + 1,

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use blockdev::BlockDevice;
-use nvmq_log::batch::{check_records, BatchFault, RecordRef};
+use nvmq_log::batch::{check_records, follows, BatchFault, RecordRef};
 use nvmq_log::format::{BatchHeader, BatchKind, HeaderFault, RecordKind, Superblock, MAX_OFFSET};
 use nvmq_log::layout::Geometry;
 use nvmq_log::shared::IndexEntry;
@@ -146,15 +146,8 @@ pub fn scan_source<S: LogSource + ?Sized>(
             out.stop = stop("batch longer than the maximum batch".into(), false);
             break;
         }
-        if link.is_some_and(|l| l != h.prev_hash) {
-            out.stop = stop("batch does not link to the previous batch".into(), false);
-            break;
-        }
-        if h.epoch < last_epoch {
-            out.stop = stop(
-                format!("epoch {} below the previous batch's {last_epoch}", h.epoch),
-                false,
-            );
+        if let Err(why) = follows(&h, link, last_epoch) {
+            out.stop = stop(why, false);
             break;
         }
         if pos >= rules.epoch_start && h.epoch < rules.epoch {
@@ -484,9 +477,17 @@ fn replay(
                 ));
             }
             RecordKind::CreatePartition => {
+                // Ids are assigned in order and never reused: a create of an id the registry
+                // has passed (live, deleted, or created earlier in this batch) would bring back
+                // offsets from 0 under an old id.
+                if id < reg.next_id() || reg.get(id).is_some() || !created.insert(id) {
+                    return Err(format!(
+                        "record at {} creates partition {id}, an id already assigned",
+                        r.header.position
+                    ));
+                }
                 let (topic, idx) = decode_create(r.payload)?;
                 creates.push((id, topic, idx));
-                created.insert(id);
             }
             RecordKind::DeletePartition => {
                 let known = reg.get(id).is_some() || created.contains(&id);

@@ -7,11 +7,12 @@
 //!
 //! `NVMQ_FUZZ_CASES=<n>` sets the case count (default 96); failures persist beside this file.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+mod fuzz_common;
 mod stepped;
+use fuzz_common::config;
 use stepped::drive;
 
 use blockdev::sim::{SimClock, SimConfig, SimDevice};
@@ -22,10 +23,6 @@ use nvmq_log::state::encode_create;
 use nvmq_log::{Ack, FlushMode, FormatOptions, LogConfig, LogError, Request};
 use proptest::collection::vec;
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
-
-/// Cases whose forged batch recovery replayed (rather than cut or refused).
-static REPLAYED: AtomicU64 = AtomicU64::new(0);
 
 const LOG_SIZE: u64 = 96 << 10;
 const CAPACITY: u64 = LOG_START + LOG_SIZE + (64 << 10);
@@ -170,7 +167,17 @@ fn forged() -> impl Strategy<Value = Forged> {
     )
 }
 
-fn run(f: &Forged) -> Result<(), TestCaseError> {
+/// What an open over a forged batch gave, when it opened.
+struct Opened {
+    /// Recovery took the forged batch in (rather than cutting the log before it).
+    replayed: bool,
+    /// (partition id, durable end) of every partition right after the open, sorted.
+    parts: Vec<(u32, u64)>,
+}
+
+/// Plants `f` at the image's tail, opens, and drives the writer over it; None when the open
+/// refused.
+fn run(f: &Forged) -> Result<Option<Opened>, TestCaseError> {
     let clock = SimClock::virtual_at_zero();
     let mut c = SimConfig::new(9, CAPACITY);
     c.clock = clock.clone();
@@ -213,13 +220,26 @@ fn run(f: &Forged) -> Result<(), TestCaseError> {
     let (mut w, report) = match recovery::open(dev, log_config()) {
         Ok(x) => x,
         Err(e) => {
-            prop_assert!(!e.to_string().is_empty());
-            return Ok(());
+            // Forged numbers claim acknowledged data the log cannot hold: damage, named.
+            prop_assert!(
+                matches!(e, recovery::RecoveryError::Damage { .. }),
+                "refused with {e:?}"
+            );
+            return Ok(None);
         }
     };
-    if report.cut_at > ex.tail {
-        REPLAYED.fetch_add(1, Ordering::Relaxed);
-    }
+    let mut parts: Vec<(u32, u64)> = w
+        .shared()
+        .lock()
+        .partitions
+        .iter()
+        .map(|(id, v)| (*id, v.durable_end))
+        .collect();
+    parts.sort_unstable();
+    let opened = Opened {
+        replayed: report.cut_at > ex.tail,
+        parts,
+    };
     let new_epoch = w.shared().lock().epoch;
     prop_assert!(
         new_epoch > ex.max_epoch,
@@ -260,15 +280,11 @@ fn run(f: &Forged) -> Result<(), TestCaseError> {
     clock.advance(Duration::from_secs(120));
     drive(&mut w, &clock, 20_000, |_| false);
     prop_assert!(w.fatal().is_none(), "writer stopped: {:?}", w.fatal());
-    Ok(())
+    Ok(Some(opened))
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: std::env::var("NVMQ_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96),
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(config(96))]
 
     #[test]
     fn forged_checksum_valid_batches_never_panic_nor_wrap_an_epoch(f in forged()) {
@@ -280,7 +296,6 @@ proptest! {
 /// with a span of u32::MAX is, and the writer then appends past it.
 #[test]
 fn a_forged_batch_with_a_huge_span_is_replayed_and_the_writer_goes_on() {
-    let before = REPLAYED.load(Ordering::Relaxed);
     let f = Forged {
         epoch: Num::Real,
         durable_through: Num::Real,
@@ -292,9 +307,31 @@ fn a_forged_batch_with_a_huge_span_is_replayed_and_the_writer_goes_on() {
             span: Num::Top(0),
         }],
     };
-    run(&f).expect("runs");
+    let opened = run(&f).expect("runs").expect("opens");
+    assert!(opened.replayed, "the forged batch was not replayed");
+    // Partition 0 grew by the span (6 records in the image, then u32::MAX).
+    assert_eq!(opened.parts[0], (0, 6 + u64::from(u32::MAX)));
+}
+
+/// A create of an id already assigned would restart that partition's offsets at 0: recovery
+/// cuts the log before the batch instead, and both partitions keep what they had.
+#[test]
+fn a_forged_create_of_an_existing_id_is_not_replayed() {
+    let f = Forged {
+        epoch: Num::Real,
+        durable_through: Num::Real,
+        timestamp: Num::Real,
+        records: vec![ForgedRecord {
+            create: true,
+            partition: Num::Any(0),
+            offset: Num::Real,
+            span: Num::Real,
+        }],
+    };
+    let opened = run(&f).expect("runs").expect("opens");
     assert!(
-        REPLAYED.load(Ordering::Relaxed) > before,
-        "the forged batch was not replayed"
+        !opened.replayed,
+        "a second create of partition 0 was replayed"
     );
+    assert_eq!(opened.parts, vec![(0, 6), (1, 6)]);
 }

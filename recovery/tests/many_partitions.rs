@@ -419,7 +419,13 @@ fn appends_the_writer_cannot_write_fail_naming_why_and_a_closing_writer_stops() 
         drive(&clock, &mut w, Duration::from_secs(30), |w| w.is_idle()),
         "the closing writer did not become idle"
     );
-    assert!(more.lock().unwrap().iter().all(|r| r.is_err()));
+    let more = more.lock().unwrap();
+    assert_eq!(more.len(), 8, "every waiting append answered");
+    assert!(
+        more.iter()
+            .all(|r| matches!(r, Err(LogError::Stalled { .. } | LogError::Shutdown))),
+        "{more:?}"
+    );
 }
 
 /// The same through the threaded `Log`: a shutdown (what SIGTERM does) returns although appends
@@ -452,6 +458,12 @@ fn a_log_shuts_down_while_appends_wait_that_cannot_be_written() {
         }
     }
     assert!(!errors.is_empty());
+    assert!(
+        errors
+            .keys()
+            .all(|e| e.contains("could not write for") || e.contains("shut down")),
+        "{errors:?}"
+    );
     let t = t.elapsed();
     assert!(t < Duration::from_secs(10), "{t:?}");
     let (tx, rx) = bounded(1);

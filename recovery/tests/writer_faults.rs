@@ -22,6 +22,8 @@ enum Hold {
     Everything,
     /// Flush completions (those without a buffer); writes pass.
     Flushes,
+    /// Nothing: a wait hands everything over, then reports that it failed.
+    FailingWait,
 }
 
 /// Holds completions back as `held` says, then hands them all over in one poll.
@@ -36,7 +38,7 @@ impl Gate {
         let before = out.len();
         match *self.held.lock().unwrap() {
             Hold::Everything => {}
-            Hold::Nothing => out.append(&mut self.kept),
+            Hold::Nothing | Hold::FailingWait => out.append(&mut self.kept),
             Hold::Flushes => {
                 let (flushes, others) = std::mem::take(&mut self.kept)
                     .into_iter()
@@ -83,7 +85,14 @@ impl BlockDevice for Gate {
     }
     fn wait(&mut self, out: &mut Vec<Completion>, t: Duration) -> Result<usize, DeviceError> {
         self.inner.wait(&mut self.kept, t)?;
-        Ok(self.pass_on(out))
+        let n = self.pass_on(out);
+        if *self.held.lock().unwrap() == Hold::FailingWait {
+            return Err(DeviceError::Timeout {
+                op: blockdev::Op::Flush,
+                millis: 0,
+            });
+        }
+        Ok(n)
     }
     fn in_flight(&self) -> usize {
         self.inner.in_flight() + self.kept.len()
@@ -190,11 +199,19 @@ fn release_and_check(r: &mut Rig, answers: &Answers, why_b_fails: &str) {
     let a = answers.iter().find(|(n, _)| *n == "A").map(|(_, r)| r);
     let b = answers.iter().find(|(n, _)| *n == "B").map(|(_, r)| r);
     assert!(
-        matches!(a, Some(Ok(_))),
-        "A was made durable by a flush that succeeded; it must be acknowledged, got {a:?}"
+        matches!(a, Some(Ok(x)) if x.offset == 0),
+        "A was made durable by a flush that succeeded; it must be acknowledged at offset 0, \
+         got {a:?}"
     );
-    assert!(matches!(b, Some(Err(_))), "{why_b_fails}; got {b:?}");
-    assert!(r.w.fatal().is_some(), "{why_b_fails}: the writer must stop");
+    assert!(
+        matches!(b, Some(Err(LogError::WriterStopped(_)))),
+        "{why_b_fails}; got {b:?}"
+    );
+    assert!(
+        matches!(r.w.fatal(), Some(LogError::Device { .. })),
+        "{why_b_fails}: the writer must stop on the device error, got {:?}",
+        r.w.fatal()
+    );
 }
 
 /// A's write and its flush complete and B's write fails, all seen in one poll: A is durable and
@@ -272,4 +289,41 @@ fn a_flush_that_succeeded_is_acknowledged_before_a_later_failed_flush_stops_the_
         h.stats().bytes_written > written
     });
     release_and_check(&mut r, &answers, "B's flush failed");
+}
+
+/// A wait that collects A's write and flush completions and then fails: A is durable and must
+/// be acknowledged by the next step before the writer stops (the same rule as for a poll).
+#[test]
+fn what_a_failing_wait_collected_is_acknowledged_before_the_writer_stops() {
+    let mut r = rig(false);
+    let answers: Answers = Arc::default();
+    *r.held.lock().unwrap() = Hold::Everything;
+    append(&mut r.w, r.part, "A", &answers);
+    // A's write goes out; let it through alone so that its flush goes out, then hold again.
+    drive(&r.clock, &mut r.w, 5, || false);
+    let flushes = r.handle.stats().flushes;
+    r.clock.advance(Duration::from_millis(1));
+    *r.held.lock().unwrap() = Hold::Nothing;
+    let h = r.handle.clone();
+    drive(&r.clock, &mut r.w, 1_000, || h.stats().flushes > flushes);
+    *r.held.lock().unwrap() = Hold::Everything;
+    r.clock.advance(Duration::from_millis(10));
+    assert!(
+        answers.lock().unwrap().is_empty(),
+        "nothing answered while held"
+    );
+    *r.held.lock().unwrap() = Hold::FailingWait;
+    r.w.wait_device(Duration::from_millis(1));
+    assert!(r.w.has_completions(), "the owner is told to step again");
+    r.w.step(now(&r.clock));
+    let answers = answers.lock().unwrap();
+    match answers.as_slice() {
+        [("A", Ok(a))] => assert_eq!(a.offset, 0),
+        other => panic!("A's flush succeeded; it must be acknowledged, got {other:?}"),
+    }
+    assert!(
+        matches!(r.w.fatal(), Some(LogError::Device { op: "wait", .. })),
+        "the failed wait stops the writer: {:?}",
+        r.w.fatal()
+    );
 }

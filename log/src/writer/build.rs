@@ -305,7 +305,6 @@ impl<D: BlockDevice> Writer<D> {
             ios_left: n,
             written: false,
             acked: false,
-            kind,
             timestamp_ms: now.wall_ms,
             acks,
             payload_bytes,

@@ -99,15 +99,13 @@ impl<D: BlockDevice> Writer<D> {
 
     /// Refuses a partition whose registry entry would take the checkpoint past its budget.
     pub(super) fn registry_room_for(&self, topic: &str) -> Result<(), LogError> {
-        let entry = (crate::state::ENTRY_FIXED_LEN + topic.len()) as u64;
-        let needed = checkpoint_bound(&self.geo, self.registry.entry_bytes() + entry);
-        if needed > self.checkpoint_budget {
-            return Err(LogError::RegistryFull {
-                partitions: self.registry.len(),
-                needed,
-                budget: self.checkpoint_budget,
-            });
-        }
-        Ok(())
+        crate::state::check_registry_room(
+            &self.geo,
+            self.registry.len(),
+            self.registry.entry_bytes(),
+            topic,
+            1,
+            self.checkpoint_budget,
+        )
     }
 }

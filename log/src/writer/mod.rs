@@ -163,7 +163,6 @@ struct InFlight {
     ios_left: u32,
     written: bool,
     acked: bool,
-    kind: BatchKind,
     timestamp_ms: u64,
     acks: Vec<AckEntry>,
     /// Payload bytes of the data records in it (for write amplification).
@@ -619,13 +618,13 @@ impl<D: BlockDevice> Writer<D> {
         }
         self.completions = comps;
         self.settle();
-        self.start_waiting_reads();
         if let Some(e) = self.failing.take() {
             self.fail(e);
         }
         if self.fatal.is_some() {
             return true;
         }
+        self.start_waiting_reads();
         moved |= self.maybe_superblock(now);
         let waited_for_space = self.space_needed_head;
         moved |= self.maybe_write(now);
@@ -645,7 +644,8 @@ impl<D: BlockDevice> Writer<D> {
             // completed meanwhile waits in `completions` for the next step.
             if self.fatal.is_none() {
                 if let Err(e) = self.dev.poll(&mut self.completions) {
-                    self.fail(LogError::Device {
+                    // Settled by the next step first, like any poll's failure.
+                    self.fail_after_settling(LogError::Device {
                         op: "poll",
                         source: e,
                     });
@@ -662,7 +662,7 @@ impl<D: BlockDevice> Writer<D> {
 
     /// Completions collected but not yet handled: the owner should step again before sleeping.
     pub fn has_completions(&self) -> bool {
-        !self.completions.is_empty()
+        !self.completions.is_empty() || self.failing.is_some()
     }
 
     /// The device, for its completion fd (an owner's event loop sleeps on it).
@@ -677,7 +677,9 @@ impl<D: BlockDevice> Writer<D> {
             return;
         }
         if let Err(e) = self.dev.wait(&mut self.completions, timeout) {
-            self.fail(LogError::Device {
+            // What the wait collected before failing is settled (and acknowledged) by the next
+            // step, then the writer stops.
+            self.fail_after_settling(LogError::Device {
                 op: "wait",
                 source: e,
             });

@@ -200,10 +200,12 @@ impl<D: BlockDevice> Writer<D> {
         let urgent = sb_waiting
             || self.closing
             || self.window_full()
+            // A checkpoint's last part (only it lets the recovery point move): one flush for
+            // the whole checkpoint, not one per part.
             || self
                 .batches
                 .iter()
-                .any(|b| b.kind == BatchKind::Checkpoint && b.written);
+                .any(|b| b.checkpoint_done.is_some() && b.written);
         let due = match self.cfg.flush {
             FlushMode::Always => true,
             FlushMode::Interval(i) => {

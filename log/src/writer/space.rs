@@ -205,7 +205,10 @@ impl<D: BlockDevice> Writer<D> {
     /// quarter of the stall limit, and at the limit fails them with an error naming why, so
     /// that producers hear of it (and a closing writer can stop) instead of waiting for ever.
     pub(super) fn check_stall(&mut self, now: Now) {
-        if self.pending.is_empty() || !self.batches.is_empty() {
+        // Waiting for space with on_full = refuse is `check_full`'s, with its own limit
+        // (full_wait) and error (LogFull).
+        let refusing = self.cfg.on_full == OnFull::Refuse && self.space_needed_head > 0;
+        if self.pending.is_empty() || !self.batches.is_empty() || refusing {
             if self.stall_warned {
                 tracing::warn!("the writer writes again");
             }

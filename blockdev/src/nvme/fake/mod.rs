@@ -22,6 +22,9 @@ use super::regs::{self, cc, csts};
 use super::status::Status;
 use super::sys::{Host, HostError, IovaRange, Memlock};
 
+mod handle;
+mod host;
+
 /// What the software controller looks like.
 #[derive(Debug, Clone)]
 pub struct FakeConfig {
@@ -237,115 +240,6 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl FakeHandle {
-    pub fn stats(&self) -> FakeStats {
-        lock(&self.state).stats.clone()
-    }
-
-    /// Sets CSTS.CFS: the controller stops executing commands.
-    pub fn set_fatal(&self) {
-        lock(&self.state).csts |= csts::CFS;
-    }
-
-    /// The next command with `opcode` on an I/O queue fails with this status instead of running.
-    pub fn fail_next(&self, opcode: u8, sct: u8, sc: u8, dnr: bool) {
-        lock(&self.state).fail_next = Some((opcode, Status::field(sct, sc, dnr)));
-    }
-
-    /// The next DMA mapping fails (as with a too low RLIMIT_MEMLOCK inside the kernel).
-    pub fn fail_next_dma_map(&self) {
-        lock(&self.state).fail_dma_map = true;
-    }
-
-    /// While held, completions of I/O commands are kept back; `release` posts them in reverse
-    /// order, so tests see completions out of submission order.
-    pub fn hold_completions(&self) {
-        lock(&self.state).hold = true;
-    }
-
-    pub fn release(&self) {
-        let mut s = lock(&self.state);
-        s.hold = false;
-        while let Some((qid, cqe)) = s.held.pop() {
-            s.unhold(qid);
-            s.post(qid, cqe);
-        }
-    }
-
-    /// From now on every I/O command with `opcode` is stalled: the controller takes it off the
-    /// submission queue and executes it but never completes it (a hung command), unless it is
-    /// aborted or [`FakeHandle::release_stalled`] is called.
-    pub fn stall_opcode(&self, opcode: u8) {
-        lock(&self.state).stall_opcode = Some(opcode);
-    }
-
-    /// Stalls one I/O command: the one after `n` more (0 = the next).
-    pub fn stall_nth(&self, n: u64) {
-        lock(&self.state).stall_countdown = Some(n);
-    }
-
-    /// The controller answers Abort with "not aborted" and keeps the command stalled.
-    pub fn ignore_aborts(&self) {
-        lock(&self.state).ignore_aborts = true;
-    }
-
-    /// (SQID, CID) of the commands stalled now.
-    pub fn stalled(&self) -> Vec<(u16, u16)> {
-        let s = lock(&self.state);
-        s.stalled.iter().map(|(_, c)| (c.sq_id, c.cid)).collect()
-    }
-
-    /// Posts the completions of the stalled commands, late, and stalls nothing more.
-    pub fn release_stalled(&self) {
-        let mut s = lock(&self.state);
-        s.stall_opcode = None;
-        s.stall_countdown = None;
-        while let Some((cqid, cqe)) = s.stalled.pop() {
-            s.unhold(cqid);
-            s.post(cqid, cqe);
-        }
-    }
-
-    /// Records (opcode, slba, blocks) of every I/O command from now on.
-    pub fn log_commands(&self) {
-        lock(&self.state).log = Some(Vec::new());
-    }
-
-    pub fn command_log(&self) -> Vec<(u8, u64, u32)> {
-        lock(&self.state).log.clone().unwrap_or_default()
-    }
-
-    /// Bytes of the namespace.
-    pub fn peek(&self, byte_offset: usize, len: usize) -> Vec<u8> {
-        lock(&self.state).media[byte_offset..byte_offset + len].to_vec()
-    }
-
-    /// The PCI command register as the driver left it.
-    pub fn pci_command(&self) -> u16 {
-        lock(&self.state).pci_command
-    }
-
-    /// A new host side for the same controller and namespace, as after the process restarted:
-    /// the controller keeps its registers (a driver must reset it), the namespace keeps its data,
-    /// and the old process's DMA mappings are gone.
-    pub fn reconnect(&self) -> FakeHost {
-        let mut s = lock(&self.state);
-        s.maps.clear();
-        FakeHost {
-            name: "fake:0000:00:04.0".into(),
-            ranges: s.cfg.iova_ranges.clone(),
-            memlock: s.cfg.memlock,
-            bar_len: s.cfg.bar_len,
-            state: Arc::clone(&self.state),
-        }
-    }
-
-    /// Number of live DMA mappings.
-    pub fn live_mappings(&self) -> usize {
-        lock(&self.state).maps.len()
-    }
-}
-
 impl State {
     fn unhold(&mut self, cqid: u16) {
         if let Some(cq) = self.cqs[usize::from(cqid)].as_mut() {
@@ -395,33 +289,6 @@ impl State {
 
     fn lbs(&self) -> usize {
         1 << self.cfg.lbads
-    }
-
-    /// A CPU pointer to `len` bytes at `iova`, if one mapping holds them all.
-    fn translate(&self, iova: u64, len: usize) -> Option<*mut u8> {
-        self.maps.iter().find_map(|m| {
-            let off = iova.checked_sub(m.iova)? as usize;
-            (off.checked_add(len)? <= m.len).then(|| (m.vaddr + off) as *mut u8)
-        })
-    }
-
-    fn read_dma(&self, iova: u64, out: &mut [u8]) -> bool {
-        let Some(p) = self.translate(iova, out.len()) else {
-            return false;
-        };
-        // SAFETY: the driver mapped this memory with dma_map, whose contract keeps it allocated
-        // until dma_unmap; translate checked the range lies inside one mapping.
-        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
-        true
-    }
-
-    fn write_dma(&self, iova: u64, data: &[u8]) -> bool {
-        let Some(p) = self.translate(iova, data.len()) else {
-            return false;
-        };
-        // SAFETY: as in read_dma.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
-        true
     }
 
     fn write_reg(&mut self, offset: usize, value: u32) {
@@ -865,98 +732,4 @@ fn as_bytes(c: &Cqe) -> [u8; 16] {
     b[12..14].copy_from_slice(&c.cid.to_le_bytes());
     b[14..16].copy_from_slice(&c.status.to_le_bytes());
     b
-}
-
-impl Host for FakeHost {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn now(&self) -> std::time::Instant {
-        lock(&self.state).stats.clock_reads += 1;
-        std::time::Instant::now()
-    }
-
-    fn bar_len(&self) -> usize {
-        self.bar_len
-    }
-
-    fn read32(&self, offset: usize) -> u32 {
-        let s = lock(&self.state);
-        let cap = u64::from(s.cfg.mqes)
-            | 1 << 16
-            | u64::from(s.cfg.timeout_units) << 24
-            | u64::from(s.cfg.dstrd) << 32
-            | 1 << 37
-            | 4 << 52;
-        match offset {
-            regs::CAP => cap as u32,
-            o if o == regs::CAP + 4 => (cap >> 32) as u32,
-            regs::VS => 0x0001_0400,
-            regs::CC => s.cc,
-            regs::CSTS => s.csts,
-            regs::AQA => s.aqa,
-            _ => 0,
-        }
-    }
-
-    fn write32(&self, offset: usize, value: u32) {
-        lock(&self.state).write_reg(offset, value);
-    }
-
-    fn config_read16(&self, offset: u64) -> Result<u16, HostError> {
-        Ok(if offset == 4 {
-            lock(&self.state).pci_command
-        } else {
-            0
-        })
-    }
-
-    fn config_write16(&self, offset: u64, value: u16) -> Result<(), HostError> {
-        if offset == 4 {
-            let mut s = lock(&self.state);
-            s.pci_command = value;
-            s.stats.bus_master = value & 1 << 2 != 0;
-        }
-        Ok(())
-    }
-
-    fn iova_ranges(&self) -> &[IovaRange] {
-        &self.ranges
-    }
-
-    fn memlock(&self) -> Memlock {
-        self.memlock
-    }
-
-    unsafe fn dma_map(&mut self, vaddr: *mut u8, len: usize, iova: u64) -> Result<(), HostError> {
-        let mut s = lock(&self.state);
-        let inside = s.cfg.iova_ranges.is_empty()
-            || s.cfg
-                .iova_ranges
-                .iter()
-                .any(|r| iova >= r.start && iova + len as u64 - 1 <= r.end);
-        if std::mem::take(&mut s.fail_dma_map) || !inside {
-            let errno = if inside { libc::ENOMEM } else { libc::EINVAL };
-            return Err(HostError::DmaMap {
-                iova,
-                len,
-                source: std::io::Error::from_raw_os_error(errno),
-            });
-        }
-        s.maps.push(Map {
-            iova,
-            vaddr: vaddr as usize,
-            len,
-        });
-        s.stats.dma_maps += 1;
-        s.stats.mapped_bytes += len as u64;
-        Ok(())
-    }
-
-    fn dma_unmap(&mut self, iova: u64, len: usize) -> Result<(), HostError> {
-        let mut s = lock(&self.state);
-        s.maps.retain(|m| !(m.iova == iova && m.len == len));
-        Ok(())
-    }
 }
