@@ -177,7 +177,7 @@ pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest)
                 format!("topic {n:?} already exists"),
             )
         } else if req.validate_only {
-            match b.log().registry_room(&n, partitions.unwrap_or(1)) {
+            match b.create_room(&n, partitions.unwrap_or(1)) {
                 Ok(()) => (codes::NONE, String::new()),
                 Err(e) => (create_error_code(&e), e.to_string()),
             }

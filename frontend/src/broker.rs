@@ -441,6 +441,35 @@ impl Broker {
         Ok(Some(Ok(())))
     }
 
+    /// Whether a new topic `name` of `partitions` fits every device's registry, as
+    /// [`Broker::create_topic`] would place it (CreateTopics' validate_only).
+    pub fn create_room(&self, name: &str, partitions: u32) -> Result<(), LogError> {
+        let log_name = self.topics().log_name(name);
+        let mut by_dev: BTreeMap<u16, Vec<u32>> = BTreeMap::new();
+        for index in 0..partitions {
+            by_dev
+                .entry(part::place(&log_name, index, self.logs.len()))
+                .or_default()
+                .push(index);
+        }
+        self.room_on_devices(&log_name, &by_dev)
+    }
+
+    /// Whether each device's registry takes its share of the partitions of `log_name`.
+    fn room_on_devices(
+        &self,
+        log_name: &str,
+        by_dev: &BTreeMap<u16, Vec<u32>>,
+    ) -> Result<(), LogError> {
+        for (&dev, idx) in by_dev {
+            let n = u32::try_from(idx.len()).unwrap_or(u32::MAX);
+            if let Some(log) = self.logs.get(usize::from(dev)) {
+                log.registry_room(log_name, n)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The log partitions (log_name, index) for the indexes given, created durably where they
     /// do not exist yet (a create cut short by a crash may have left some, on any device);
     /// a new one goes to the device `part::place` picks. A device's creates go to its writer
@@ -469,11 +498,7 @@ impl Broker {
             }
         }
         // Refused as a whole before anything is written, when it cannot fit.
-        for (&dev, idx) in &to_create {
-            let n = u32::try_from(idx.len()).unwrap_or(u32::MAX);
-            self.log_of(PartRef::new(dev, 0))
-                .registry_room(log_name, n)?;
-        }
+        self.room_on_devices(log_name, &to_create)?;
         let mut created = Vec::new();
         let mut refused = None;
         for (dev, idx) in to_create {
@@ -483,6 +508,13 @@ impl Broker {
                     log.create_partitions(&n, &idx).map(|r| (idx, r))
                 })
                 .await??;
+            if results.0.len() != results.1.len() {
+                return Err(LogError::Unavailable(format!(
+                    "the log answered {} creates for {} partitions",
+                    results.1.len(),
+                    results.0.len()
+                )));
+            }
             for (index, r) in results.0.into_iter().zip(results.1) {
                 match r {
                     Ok(id) => {
@@ -502,7 +534,18 @@ impl Broker {
             }
             return Err(e);
         }
-        Ok(refs.into_iter().flatten().collect())
+        // Every index has its partition now (existing, or created above).
+        refs.into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                r.ok_or_else(|| {
+                    LogError::Unavailable(format!(
+                        "partition {} of {log_name} was neither found nor created",
+                        first as usize + i
+                    ))
+                })
+            })
+            .collect()
     }
 
     /// Deletes log partitions durably, each device's together: their registry entries go, so
@@ -526,6 +569,7 @@ impl Broker {
         }
         for p in parts {
             self.producers.forget(*p);
+            self.time_index.forget(*p);
         }
         first_err
     }

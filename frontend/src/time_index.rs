@@ -24,7 +24,8 @@ const READ_BYTES: usize = 1 << 20;
 
 #[derive(Default)]
 pub struct TimeIndex {
-    parts: Mutex<HashMap<PartRef, Times>>,
+    /// One lock per partition: indexing one (reads of the log) holds up no other.
+    parts: Mutex<HashMap<PartRef, Arc<Mutex<Times>>>>,
     /// Batches read for lookups and indexing since start (a figure for tests and metrics).
     batches_read: AtomicU64,
 }
@@ -56,6 +57,14 @@ impl Times {
 }
 
 impl TimeIndex {
+    /// Forgets a deleted partition's samples.
+    pub fn forget(&self, p: PartRef) {
+        self.parts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&p);
+    }
+
     pub fn batches_read(&self) -> u64 {
         self.batches_read.load(Ordering::Relaxed)
     }
@@ -64,27 +73,33 @@ impl TimeIndex {
     /// (offset, timestamp); `ts == -3`: the record with the largest timestamp. Blocking: call on
     /// a thread that may wait for the log.
     pub fn lookup(
-        self: &Arc<Self>,
+        &self,
         log: &Log,
         p: PartRef,
         start: u64,
         end: u64,
         ts: i64,
     ) -> Result<Option<(i64, i64)>, LogError> {
-        let mut parts = self.parts.lock().unwrap_or_else(PoisonError::into_inner);
-        let t = parts.entry(p).or_insert_with(|| Times::new(start));
+        let entry = self
+            .parts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(p)
+            .or_insert_with(|| Arc::new(Mutex::new(Times::new(start))))
+            .clone();
+        let mut t = entry.lock().unwrap_or_else(PoisonError::into_inner);
         if t.from > start || t.to < start {
             // Never indexed, or retention passed all of it: start over at the first record.
             *t = Times::new(start);
         }
-        self.extend(log, p, t, end)?;
+        self.extend(log, p, &mut t, end)?;
         // Samples below the retained start still hold (for a subset of the records).
         let k = t.samples.partition_point(|s| s.1 < ts);
         let from = k
             .checked_sub(1)
             .map_or(start, |i| t.samples[i].0.max(start));
         let max = t.max.filter(|m| m.1 >= start);
-        drop(parts);
+        drop(t);
         match (ts, max) {
             (-3, Some((max, at))) => Ok(self.read(log, p, at)?.and_then(|payload| {
                 batch::first_at_or_after(&payload, max).map(|(d, t)| (at as i64 + d, t))

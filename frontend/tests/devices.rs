@@ -6,12 +6,10 @@
 mod common;
 
 use blockdev::sim::{SimDevice, SimHandle};
-use bytes::Bytes;
 use frontend::client::{record_batch, Client};
 use frontend::{codes, Config, PartRef, Server};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{CreateTopicsRequest, FetchRequest, ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
@@ -31,17 +29,7 @@ fn name() -> TopicName {
 }
 
 fn produce(part: i32, batch: Vec<u8>) -> ProduceRequest {
-    let mut p = PartitionProduceData::default();
-    p.index = part;
-    p.records = Some(Bytes::from(batch));
-    let mut td = TopicProduceData::default();
-    td.name = name();
-    td.partition_data = vec![p];
-    let mut r = ProduceRequest::default();
-    r.acks = -1;
-    r.timeout_ms = 10_000;
-    r.topic_data = vec![td];
-    r
+    common::produce_request(TOPIC, part, batch, -1)
 }
 
 /// Every record value of a partition, read with Fetch from offset 0.

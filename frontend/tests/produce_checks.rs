@@ -4,18 +4,17 @@
 
 mod common;
 
+use bytes::Bytes;
+
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use frontend::client::{record_batch, Client};
 use frontend::codes;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::produce_response::PartitionProduceResponse;
 use kafka_protocol::messages::{
-    ApiVersionsRequest, BrokerId, FetchRequest, MetadataRequest, ProduceRequest, TopicName,
+    ApiVersionsRequest, BrokerId, FetchRequest, ProduceRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{
@@ -30,27 +29,11 @@ fn topic(n: &str) -> TopicName {
 }
 
 fn produce(t: &str, batch: Vec<u8>, acks: i16) -> ProduceRequest {
-    let mut p = PartitionProduceData::default();
-    p.index = 0;
-    p.records = Some(Bytes::from(batch));
-    let mut td = TopicProduceData::default();
-    td.name = topic(t);
-    td.partition_data = vec![p];
-    let mut r = ProduceRequest::default();
-    r.acks = acks;
-    r.timeout_ms = 10_000;
-    r.topic_data = vec![td];
-    r
+    common::produce_request(t, 0, batch, acks)
 }
 
 async fn create(c: &mut Client, t: &str) {
-    let mut m = MetadataRequest::default();
-    let mut mt = MetadataRequestTopic::default();
-    mt.name = Some(topic(t));
-    m.topics = Some(vec![mt]);
-    m.allow_auto_topic_creation = true;
-    let r = c.call(8, &m).await.expect("metadata");
-    assert_eq!(r.topics[0].error_code, 0);
+    common::create_topic(c, t).await
 }
 
 /// The one partition's answer to a Produce at v8.

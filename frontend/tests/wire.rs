@@ -5,12 +5,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use frontend::client::{record_batch, Client};
 use frontend::codes;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     ApiVersionsRequest, ApiVersionsResponse, FetchRequest, InitProducerIdRequest, MetadataRequest,
     ProduceRequest, TopicName,
@@ -22,17 +20,7 @@ fn topic(n: &str) -> TopicName {
 }
 
 fn produce(t: &str, part: i32, batch: Vec<u8>, acks: i16) -> ProduceRequest {
-    let mut p = PartitionProduceData::default();
-    p.index = part;
-    p.records = Some(Bytes::from(batch));
-    let mut td = TopicProduceData::default();
-    td.name = topic(t);
-    td.partition_data = vec![p];
-    let mut r = ProduceRequest::default();
-    r.acks = acks;
-    r.timeout_ms = 10_000;
-    r.topic_data = vec![td];
-    r
+    common::produce_request(t, part, batch, acks)
 }
 
 fn fetch(t: &str, offset: i64, wait_ms: i32, min_bytes: i32) -> FetchRequest {

@@ -51,9 +51,9 @@ pub(crate) enum Slot {
 /// What a connection's task and the service task share.
 pub(crate) struct ConnState {
     gen: u64,
-    fifo: VecDeque<Slot>,
-    /// Frame bytes of each request in `fifo`, and their sum.
-    sizes: VecDeque<usize>,
+    /// Each request's slot with the bytes it holds (its frame, and its answer when made at
+    /// once); `held` is their sum.
+    fifo: VecDeque<(Slot, usize)>,
     held: usize,
     /// Since when answers have waited to be sent without the client taking any.
     unsent_since: Option<Instant>,
@@ -93,7 +93,6 @@ impl Conns {
         let st = Rc::new(RefCell::new(ConnState {
             gen,
             fifo: VecDeque::new(),
-            sizes: VecDeque::new(),
             held: 0,
             unsent_since: None,
             byte_wait: false,
@@ -140,7 +139,7 @@ impl Conns {
             return; // answered already (timed out)
         };
         let head_done = match st.fifo.get_mut(i as usize) {
-            Some(Slot::Produce(p)) => {
+            Some((Slot::Produce(p), _)) => {
                 p.complete(topic, part, batch, result);
                 i == 0 && p.done()
             }
@@ -289,7 +288,7 @@ pub(crate) async fn tick(ctx: Rc<LoopCtx>) {
                 st.closing = true;
                 st.wake();
             }
-            if let Some(Slot::Produce(p)) = st.fifo.front_mut() {
+            if let Some((Slot::Produce(p), _)) = st.fifo.front_mut() {
                 if p.expire(now) {
                     st.wake();
                 }
@@ -329,16 +328,19 @@ async fn serve(
     let mut charge = Charge::new(limits.clone());
     // Whether this connection may start requests (whose answers will take memory) or read
     // more. Its own bytes, counting what it has read of the next frame, stay under its budget,
-    // unless it holds no requests and no answers (then one frame, up to max_frame, may come in
-    // whole). All connections together: under the budget anyone may; past it only a connection
-    // that holds nothing (so that clients which do not read, holding the budget until the write
-    // timeout closes them, do not stall everyone else); past twice the budget no one.
+    // unless it holds no requests and no answers: then it may always finish reading and start
+    // the frame it is in (a frame up to max_frame comes in whole; a stall of everyone holding
+    // only partial frames could never end), and may begin a new frame while all connections
+    // together hold less than twice their budget. A connection that holds something needs the
+    // global figure under the budget (so that clients which do not read, holding the budget
+    // until the write timeout closes them, do not stall everyone else).
     let room = |st: &ConnState, unsent: usize, input: usize| {
         let answers = st.held + unsent;
         let queued = limits.queued();
-        (answers == 0 || answers + input < cfg.max_connection_bytes)
-            && (queued < cfg.max_queued_bytes
-                || (answers == 0 && queued / 2 < cfg.max_queued_bytes))
+        if answers == 0 {
+            return input > 0 || queued / 2 < cfg.max_queued_bytes;
+        }
+        answers + input < cfg.max_connection_bytes && queued < cfg.max_queued_bytes
     };
     let mut input = BytesMut::with_capacity(INPUT_CHUNK);
     let mut out: Vec<u8> = Vec::new();
@@ -350,7 +352,7 @@ async fn serve(
         let mut waiting_budget = false;
         while !eof
             && st.borrow().fifo.len() < max_in_flight
-            && room(&st.borrow(), out.len() - sent, 0)
+            && room(&st.borrow(), out.len() - sent, input.len())
         {
             let at_budget = !ctx.budget_left();
             if at_budget && input.len() >= 6 && api_of(&input) == Some(ApiKey::Produce) {
@@ -400,13 +402,9 @@ async fn serve(
                     _ => size,
                 };
                 let mut s = st.borrow_mut();
-                s.fifo.push_back(slot);
-                s.sizes.push_back(size);
+                s.fifo.push_back((slot, size));
                 s.held += size;
                 next_seq += 1;
-                drop(s);
-                // Held bytes count against every connection's room at once.
-                charge.set(st.borrow().held + out.len() - sent + input.len());
             }
         }
         if waiting_budget {
@@ -432,9 +430,7 @@ async fn serve(
         if closing {
             // The answers already made go out first: after a writer stopped, they are the errors
             // that tell producers their appends failed (rather than a bare disconnect).
-            if let Some(rest) = out.get(sent..).filter(|r| !r.is_empty()) {
-                let _ = tokio::time::timeout(CLOSE_FLUSH, stream.write_all(rest)).await;
-            }
+            flush_before_close(&mut stream, &out[sent..]).await;
             return;
         }
         if done && sent == out.len() {
@@ -444,6 +440,8 @@ async fn serve(
             input = BytesMut::with_capacity(INPUT_CHUNK);
         }
         let unsent = out.len() - sent;
+        // Once per pass, not per request: the count is shared by every loop (one atomic update
+        // per pass), and a pass adds at most what its input held to the global figure.
         charge.set(st.borrow().held + unsent + input.len());
         let has_room = {
             let mut s = st.borrow_mut();
@@ -492,8 +490,7 @@ async fn serve(
 /// Sends the answers owed to requests ahead of the one that closes the connection (briefly: a
 /// client that does not read loses them), then half-closes it so they arrive before the end.
 async fn flush_before_close(stream: &mut TcpStream, rest: &[u8]) {
-    use tokio::io::AsyncWriteExt;
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+    let _ = tokio::time::timeout(CLOSE_FLUSH, async {
         if !rest.is_empty() {
             stream.write_all(rest).await?;
         }
@@ -529,17 +526,16 @@ fn drain(st: &Rc<RefCell<ConnState>>, out: &mut Vec<u8>) -> bool {
     loop {
         let ready = match s.fifo.front_mut() {
             None => return false,
-            Some(Slot::Ready(_)) => true,
-            Some(Slot::Produce(p)) => p.done(),
-            Some(Slot::Future(_)) => false,
+            Some((Slot::Ready(_), _)) => true,
+            Some((Slot::Produce(p), _)) => p.done(),
+            Some((Slot::Future(_), _)) => false,
         };
         if !ready {
             return false;
         }
-        let Some(slot) = s.fifo.pop_front() else {
+        let Some((slot, size)) = s.fifo.pop_front() else {
             return false;
         };
-        let size = s.sizes.pop_front().unwrap_or(0);
         s.held -= size;
         s.base_seq += 1;
         match slot {
@@ -588,7 +584,7 @@ fn poll_event(
             s.woken = false;
             return Poll::Ready(Event::Woken);
         }
-        if let Some(front) = s.fifo.front_mut() {
+        if let Some((front, _)) = s.fifo.front_mut() {
             if poll_head(front, cx) {
                 return Poll::Ready(Event::Woken);
             }

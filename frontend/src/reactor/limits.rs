@@ -124,6 +124,10 @@ impl Charge {
 
     /// The connection now holds `bytes`.
     pub fn set(&mut self, bytes: usize) {
+        if bytes == self.held {
+            // No write to the line every loop shares.
+            return;
+        }
         if bytes > self.held {
             self.limits
                 .queued

@@ -81,3 +81,18 @@ pub fn produce_request(
     r.topic_data = vec![td];
     r
 }
+
+/// Creates topic `t` (one partition) the way clients do: a Metadata request that may
+/// auto-create it.
+pub async fn create_topic(c: &mut frontend::client::Client, t: &str) {
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::{MetadataRequest, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let mut m = MetadataRequest::default();
+    let mut mt = MetadataRequestTopic::default();
+    mt.name = Some(TopicName(StrBytes::from_string(t.to_string())));
+    m.topics = Some(vec![mt]);
+    m.allow_auto_topic_creation = true;
+    let r = c.call(8, &m).await.expect("metadata");
+    assert_eq!(r.topics[0].error_code, 0, "creating {t}");
+}
