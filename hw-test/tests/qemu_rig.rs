@@ -64,7 +64,7 @@ fn talk_to_guest(port: u16, line: &'static str) -> thread::JoinHandle<Option<Str
         let deadline = Instant::now() + Duration::from_secs(90);
         while Instant::now() < deadline {
             if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
-                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                let _ = s.set_read_timeout(Some(Duration::from_secs(20)));
                 let mut greeting = String::new();
                 if BufReader::new(&s)
                     .read_line(&mut greeting)

@@ -117,10 +117,17 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         .collect::<Result<_>>()?;
     let size = crate::devspec::parse_size(&args.size)?;
     let max_frame = crate::devspec::parse_size(&args.max_frame)?;
+    // Each bounds what connections hold: zero would let no request start at all.
     let size_flag = |flag: &str, v: &str| -> Result<usize> {
         let n = crate::devspec::parse_size(v).with_context(|| format!("--{flag} {v:?}"))?;
+        if n == 0 {
+            bail!("--{flag} must be positive");
+        }
         usize::try_from(n).map_err(|_| anyhow!("--{flag} {v:?}: too large"))
     };
+    if args.write_timeout.is_zero() {
+        bail!("--write-timeout must be positive (zero would close every connection with an answer to send)");
+    }
     let max_connection_bytes = size_flag("max-connection-bytes", &args.max_connection_bytes)?;
     let max_queued_bytes = size_flag("max-queued-bytes", &args.max_queued_bytes)?;
     let fetch_max_bytes = size_flag("fetch-max-bytes", &args.fetch_max_bytes)?;

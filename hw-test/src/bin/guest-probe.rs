@@ -39,31 +39,43 @@ fn serve(port: u16, pci: &str, timeout: Duration) -> Result<()> {
         .context("making the listener non-blocking")?;
     println!("serving on port {port}");
     let deadline = Instant::now() + timeout;
-    let (mut stream, peer) = loop {
-        match listener.accept() {
-            Ok(conn) => break conn,
+    // A client that gave up waiting for the greeting (a slow guest under TCG) closes without a
+    // line and connects again; such a connection is skipped, not reported as the client's line.
+    loop {
+        let (mut stream, peer) = match listener.accept() {
+            Ok(conn) => conn,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50));
+                continue;
             }
             Err(e) => return Err(e).with_context(|| format!("accepting on port {port}")),
+        };
+        stream
+            .set_nonblocking(false)
+            .context("making the connection blocking")?;
+        stream
+            .set_read_timeout(Some(
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_secs(1)),
+            ))
+            .context("setting a read timeout")?;
+        let greeting = format!("hello from guest nvme {pci}\n");
+        if stream.write_all(greeting.as_bytes()).is_err() {
+            println!("connection from {peer} closed before the greeting");
+            continue;
         }
-    };
-    stream
-        .set_nonblocking(false)
-        .context("making the connection blocking")?;
-    stream
-        .set_read_timeout(Some(timeout))
-        .context("setting a read timeout")?;
-    let greeting = format!("hello from guest nvme {pci}\n");
-    stream
-        .write_all(greeting.as_bytes())
-        .context("greeting the client")?;
-    let mut line = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut line)
-        .context("reading the client's line")?;
-    println!("connection from {peer}: {}", line.trim_end());
-    Ok(())
+        let mut line = String::new();
+        let n = BufReader::new(&stream)
+            .read_line(&mut line)
+            .context("reading the client's line")?;
+        if n == 0 {
+            println!("connection from {peer} closed without a line");
+            continue;
+        }
+        println!("connection from {peer}: {}", line.trim_end());
+        return Ok(());
+    }
 }
 
 fn attr(dev: &Path, name: &str) -> String {
