@@ -19,7 +19,14 @@ pub const MAX_WRITE_UNIT: u32 = 1 << 20;
 pub const MAX_POSITION: u64 = 1 << 62;
 pub const MAX_OFFSET: u64 = 1 << 62;
 
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes. Version 2 lets a checkpoint span several batches (a
+/// version-1 reader would take the second batch of such a checkpoint for appended records), so
+/// every superblock this build writes says 2 and an older build refuses the log instead of
+/// misreading it. Version-1 logs (single-batch checkpoints only, a subset of version 2) open
+/// unchanged; recovery's first superblock update moves them to version 2.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this build reads.
+pub const OLDEST_READABLE_VERSION: u32 = 1;
 const SB_MAGIC: u64 = u64::from_le_bytes(*b"NVMQ-SB\x01");
 const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"NQB1");
 
@@ -42,6 +49,10 @@ pub fn superblock_offset(copy: u8) -> u64 {
 /// One superblock copy (storage.md §4.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Superblock {
+    /// The format version this copy was written in. A successor is always written in
+    /// [`FORMAT_VERSION`]; a decoded copy keeps its own so that its checksum (which a successor
+    /// names as its parent) is the one on the device.
+    pub version: u32,
     pub format_id: u64,
     /// 0 for copy A, 1 for copy B; must match the slot it is read from.
     pub copy: u8,
@@ -77,7 +88,7 @@ impl Superblock {
         let mut b = [0u8; SUPERBLOCK_LEN];
         let mut w = Writer::new(&mut b[4..]);
         w.u64(SB_MAGIC);
-        w.u32(FORMAT_VERSION);
+        w.u32(self.version);
         w.u32(u32::from(self.copy));
         w.u64(self.format_id);
         w.u64(self.sequence);
@@ -123,11 +134,12 @@ impl Superblock {
             return Err(SuperblockFault::BadChecksum);
         }
         let version = r.u32();
-        if version != FORMAT_VERSION {
+        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(SuperblockFault::Version(version));
         }
         let copy = r.u32();
         let sb = Superblock {
+            version,
             copy: copy as u8,
             format_id: r.u64(),
             sequence: r.u64(),
@@ -232,7 +244,9 @@ pub enum SuperblockFault {
     BadMagic,
     #[error("checksum mismatch")]
     BadChecksum,
-    #[error("unsupported format version {0}")]
+    #[error(
+        "format version {0}, which this build cannot read (it reads versions {OLDEST_READABLE_VERSION} to {FORMAT_VERSION}); a newer nvmq wrote this log: open it with that version"
+    )]
     Version(u32),
     #[error("copy index says {says}, found in the other slot")]
     WrongSlot { says: u32 },

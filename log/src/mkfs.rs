@@ -5,8 +5,8 @@ use blockdev::{BlockDevice, SyncIo};
 use crate::batch::BatchBuilder;
 use crate::config::FormatOptions;
 use crate::format::{
-    superblock_offset, BatchKind, RecordKind, Superblock, SuperblockFault, LOG_START,
-    MAX_WRITE_UNIT, SUPERBLOCK_LEN,
+    superblock_offset, BatchKind, RecordKind, Superblock, SuperblockFault, FORMAT_VERSION,
+    LOG_START, MAX_WRITE_UNIT, SUPERBLOCK_LEN,
 };
 use crate::state::Registry;
 use crate::LogError;
@@ -103,6 +103,7 @@ pub fn format<D: BlockDevice + ?Sized>(
     dev.flush().map_err(LogError::device("format"))?;
 
     let a = Superblock {
+        version: FORMAT_VERSION,
         format_id,
         copy: 0,
         sequence: 1,

@@ -1,6 +1,6 @@
 //! Choosing the superblock copy to trust (storage.md §4.1).
 
-use nvmq_log::format::{Superblock, SuperblockFault};
+use nvmq_log::format::{Superblock, SuperblockFault, FORMAT_VERSION, OLDEST_READABLE_VERSION};
 
 use crate::RecoveryError;
 
@@ -14,7 +14,21 @@ pub struct Choice {
 /// Applies the rules: both valid copies must share the format id, their sequences must differ by
 /// exactly one and the newer must name the older as parent; the newer wins. One valid copy is
 /// used alone. None is refused: as unformatted when both slots are blank, else as damaged.
+///
+/// A copy whose checksum holds but whose format version this build does not read was written by
+/// a newer nvmq: the log is refused even if the other copy is readable, since falling back to the
+/// older copy would replay a log the newer build may have written in its own format.
 pub fn choose(copies: &[Result<Superblock, SuperblockFault>; 2]) -> Result<Choice, RecoveryError> {
+    for (slot, copy) in copies.iter().enumerate() {
+        if let Err(SuperblockFault::Version(version)) = copy {
+            return Err(RecoveryError::UnreadableVersion {
+                slot: slot_name(slot as u8),
+                version: *version,
+                oldest: OLDEST_READABLE_VERSION,
+                newest: FORMAT_VERSION,
+            });
+        }
+    }
     match (&copies[0], &copies[1]) {
         (Ok(a), Ok(b)) => {
             if a.format_id != b.format_id {
@@ -86,6 +100,7 @@ mod tests {
 
     fn sb(copy: u8, sequence: u64, parent: u32) -> Superblock {
         Superblock {
+            version: nvmq_log::format::FORMAT_VERSION,
             format_id: 77,
             copy,
             sequence,

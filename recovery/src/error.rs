@@ -14,6 +14,15 @@ pub enum RecoveryError {
     NotFormatted { a: String, b: String },
     #[error("both superblock copies are damaged (A: {a}; B: {b}); refusing to guess")]
     SuperblocksDamaged { a: String, b: String },
+    #[error(
+        "superblock copy {slot} is in format version {version}, which this build does not read (it reads {oldest} to {newest}): a newer nvmq wrote this log, so open it with that one; refusing to open"
+    )]
+    UnreadableVersion {
+        slot: char,
+        version: u32,
+        oldest: u32,
+        newest: u32,
+    },
     #[error("superblock copies disagree: {0}; refusing to open (two devices mixed, or a fork)")]
     SuperblockConflict(String),
     #[error(

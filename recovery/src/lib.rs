@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use blockdev::{flush_sync, BlockDevice};
 use nvmq_log::backfill::Backfill;
-use nvmq_log::format::{Superblock, SuperblockFault};
+use nvmq_log::format::{Superblock, SuperblockFault, FORMAT_VERSION};
 use nvmq_log::layout::Geometry;
 use nvmq_log::mkfs::{read_superblocks, write_superblock};
 use nvmq_log::{LogConfig, Resume, Writer};
@@ -141,6 +141,7 @@ fn recover_for<D: BlockDevice + ?Sized>(
     // Epochs below 2^63 only (superblock and batch header decoding refuse larger ones): no wrap.
     let new_epoch = scanned.max_epoch.max(other_epochs).max(sb.epoch) + 1;
     let first = Superblock {
+        version: FORMAT_VERSION,
         copy: 1 - sb.copy,
         sequence: sb.sequence + 1,
         parent: sb.checksum(),

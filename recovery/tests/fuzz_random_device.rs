@@ -4,7 +4,7 @@
 //! `NVMQ_FUZZ_CASES=<n>` replaces the case count; failures persist beside this file.
 
 use blockdev::sim::{Rng, SimConfig, SimDevice};
-use nvmq_log::format::{superblock_offset, Superblock, LOG_START};
+use nvmq_log::format::{superblock_offset, Superblock, FORMAT_VERSION, LOG_START};
 use proptest::prelude::*;
 
 mod fuzz_common;
@@ -78,6 +78,7 @@ fn found_by_fuzzing() {
     for (u, max_batch, window, at) in [(512u32, 512u32, 512u64, 4608u64), (512, 1024, 2048, 2048)] {
         let p = u64::MAX - at + 1;
         let sb = Superblock {
+            version: FORMAT_VERSION,
             format_id: 0,
             copy: 0,
             sequence: 1,

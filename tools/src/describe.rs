@@ -149,6 +149,7 @@ pub struct CopyReport {
     pub valid: bool,
     /// Why the copy is not valid.
     pub fault: Option<String>,
+    pub version: Option<u32>,
     pub sequence: Option<u64>,
     pub format_id: Option<String>,
     pub epoch: Option<u64>,
@@ -163,6 +164,7 @@ impl CopyReport {
                 slot,
                 valid: true,
                 fault: None,
+                version: Some(sb.version),
                 sequence: Some(sb.sequence),
                 format_id: Some(format!("{:#018x}", sb.format_id)),
                 epoch: Some(sb.epoch),
@@ -172,6 +174,7 @@ impl CopyReport {
                 slot,
                 valid: false,
                 fault: Some(f.to_string()),
+                version: None,
                 sequence: None,
                 format_id: None,
                 epoch: None,
@@ -183,8 +186,9 @@ impl CopyReport {
     pub fn line(&self) -> String {
         match (&self.fault, self.sequence) {
             (None, Some(seq)) => format!(
-                "superblock {}         valid: sequence {seq}, format id {}, epoch {}, durable through {}",
+                "superblock {}         valid: format version {}, sequence {seq}, format id {}, epoch {}, durable through {}",
                 self.slot,
+                self.version.unwrap_or(0),
                 self.format_id.as_deref().unwrap_or("?"),
                 self.epoch.unwrap_or(0),
                 self.durable_through.unwrap_or(0)

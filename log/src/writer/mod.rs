@@ -29,6 +29,7 @@ use crate::batch::BatchBuilder;
 use crate::config::{FlushMode, LogConfig, OnFull};
 use crate::format::{
     record_size, superblock_offset, BatchKind, RecordKind, Superblock, BATCH_HEADER_LEN,
+    FORMAT_VERSION,
 };
 use crate::layout::{Geometry, Transfers};
 use crate::shared::{IndexEntry, PartitionView, Shared};

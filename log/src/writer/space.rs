@@ -40,6 +40,7 @@ impl<D: BlockDevice> Writer<D> {
         }
         let copy = 1 - self.newest;
         let sb = Superblock {
+            version: FORMAT_VERSION,
             copy,
             sequence: cur.sequence + 1,
             parent: cur.checksum(),

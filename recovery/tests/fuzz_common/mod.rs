@@ -2,7 +2,7 @@
 //! are kept.
 #![allow(dead_code)] // each test binary uses its own part
 
-use nvmq_log::format::{Superblock, LOG_START};
+use nvmq_log::format::{Superblock, FORMAT_VERSION, LOG_START};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence};
 
@@ -63,6 +63,7 @@ pub fn planted_superblock() -> impl Strategy<Value = Superblock> {
                 let rp = base.wrapping_add(rp_k * u64u);
                 let max_batch = mb_k.wrapping_mul(u);
                 Superblock {
+                    version: FORMAT_VERSION,
                     format_id: fid,
                     copy: 0,
                     sequence: 1,
