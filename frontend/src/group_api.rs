@@ -1,6 +1,7 @@
 //! The group APIs on the wire: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,
 //! OffsetFetch.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
@@ -202,33 +203,44 @@ pub async fn offset_commit(b: &Arc<Broker>, ctx: &Ctx, req: OffsetCommitRequest)
         }
         plan.push((t.name.clone(), parts));
     }
-    // One durable record per request; the offsets become visible in log order once durable.
-    let pending = if commits.is_empty() {
-        None
-    } else {
+    // The commits go in as few durable records as fit (a request for many partitions with
+    // large metadata takes several); each record's offsets become visible in log order once it
+    // is durable, and each partition answers with the outcome of the record that holds it.
+    let max = b.log_of(b.offsets_partition).max_payload();
+    let mut pending = Vec::new();
+    for rec in crate::meta::commits_records(&group, commits, max) {
+        let MetaRecord::Commits { commits: held, .. } = &rec else {
+            continue;
+        };
+        let keys: Vec<(String, i32)> = held
+            .iter()
+            .map(|c| (c.topic.clone(), c.partition))
+            .collect();
         let offsets = b.offsets.clone();
         let g = group.clone();
-        let c2 = commits.clone();
-        let rec = MetaRecord::Commits { group, commits };
-        Some(
-            b.append_with(b.offsets_partition, rec.encode(), 1, move |r| {
+        let c2 = held.clone();
+        let wait = b
+            .append_with(b.offsets_partition, rec.encode(), 1, move |r| {
                 if r.is_ok() {
                     offsets.apply(&g, &c2);
                 }
             })
-            .await,
-        )
-    };
+            .await;
+        pending.push((keys, wait));
+    }
     let ctx = ctx.clone();
     Box::pin(async move {
-        let outcome = match pending {
-            None => codes::NONE,
-            Some(Err(_)) => codes::KAFKA_STORAGE_ERROR,
-            Some(Ok(rx)) => match rx.await {
-                Ok(Ok(_)) => codes::NONE,
-                _ => codes::KAFKA_STORAGE_ERROR,
-            },
-        };
+        let mut outcome: HashMap<(String, i32), i16> = HashMap::new();
+        for (keys, wait) in pending {
+            let code = match wait {
+                Err(_) => codes::KAFKA_STORAGE_ERROR,
+                Ok(rx) => match rx.await {
+                    Ok(Ok(_)) => codes::NONE,
+                    _ => codes::KAFKA_STORAGE_ERROR,
+                },
+            };
+            outcome.extend(keys.into_iter().map(|k| (k, code)));
+        }
         let mut resp = OffsetCommitResponse::default();
         for (name, parts) in plan {
             let mut tr = OffsetCommitResponseTopic::default();
@@ -236,7 +248,12 @@ pub async fn offset_commit(b: &Arc<Broker>, ctx: &Ctx, req: OffsetCommitRequest)
             for (idx, err) in parts {
                 let mut pr = OffsetCommitResponsePartition::default();
                 pr.partition_index = idx;
-                pr.error_code = err.unwrap_or(outcome);
+                pr.error_code = err.unwrap_or_else(|| {
+                    outcome
+                        .get(&(tr.name.as_str().to_string(), idx))
+                        .copied()
+                        .unwrap_or(codes::KAFKA_STORAGE_ERROR)
+                });
                 tr.partitions.push(pr);
             }
             resp.topics.push(tr);

@@ -351,6 +351,33 @@ async fn partitions_of_a_topic_deleted_before_a_crash_are_freed_at_the_next_star
     assert_eq!(b.topics().map["doomed"].len(), 2);
 }
 
+/// Commits offset i for each partition i of topic t in one OffsetCommit of group g, each with
+/// `meta_len` bytes of metadata; the partitions' error codes.
+async fn commit(c: &mut Client, parts: std::ops::Range<i32>, meta_len: usize) -> Vec<i16> {
+    let meta = "m".repeat(meta_len);
+    let mut t = OffsetCommitRequestTopic::default();
+    t.name = tname("t");
+    t.partitions = parts
+        .map(|i| {
+            let mut p = OffsetCommitRequestPartition::default();
+            p.partition_index = i;
+            p.committed_offset = i64::from(i);
+            p.committed_metadata = Some(StrBytes::from_string(meta.clone()));
+            p
+        })
+        .collect();
+    let mut oc = OffsetCommitRequest::default();
+    oc.group_id = GroupId(StrBytes::from_static_str("g"));
+    oc.generation_id_or_member_epoch = -1;
+    oc.topics = vec![t];
+    let r = c.call(2, &oc).await.expect("OffsetCommit");
+    r.topics[0]
+        .partitions
+        .iter()
+        .map(|p| p.error_code)
+        .collect()
+}
+
 /// A group's commits were cut into records by count (max payload / 600 per record): with 4 KiB
 /// of metadata each, a record outgrew the largest payload and the whole snapshot failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,26 +386,9 @@ async fn a_snapshot_holds_any_amount_of_commit_metadata() {
     let b = server.broker().clone();
     let mut c = Client::connect(addr, "commits").await.expect("connect");
     assert_eq!(create(&mut c, &["t".to_string()], 300).await[0].0, 0);
-    let meta = "m".repeat(4000);
     for part in 0..3 {
-        let mut t = OffsetCommitRequestTopic::default();
-        t.name = tname("t");
-        t.partitions = (part * 100..part * 100 + 100)
-            .map(|i| {
-                let mut p = OffsetCommitRequestPartition::default();
-                p.partition_index = i;
-                p.committed_offset = i64::from(i);
-                p.committed_metadata = Some(StrBytes::from_string(meta.clone()));
-                p
-            })
-            .collect();
-        let mut oc = OffsetCommitRequest::default();
-        oc.group_id = GroupId(StrBytes::from_static_str("g"));
-        oc.generation_id_or_member_epoch = -1;
-        oc.topics = vec![t];
-        let r = c.call(2, &oc).await.expect("OffsetCommit");
-        assert!(!r.topics[0].partitions.is_empty());
-        assert!(r.topics[0].partitions.iter().all(|p| p.error_code == 0));
+        let codes = commit(&mut c, part * 100..part * 100 + 100, 4000).await;
+        assert_eq!(codes, vec![0; 100]);
     }
     b.snapshot().await.expect("the snapshot");
     let got = b.offsets().get("g", "t", 299).expect("committed");
@@ -386,4 +396,41 @@ async fn a_snapshot_holds_any_amount_of_commit_metadata() {
         (got.offset, got.metadata.map(|m| m.len())),
         (299, Some(4000))
     );
+}
+
+/// One OffsetCommit larger than a record: 300 partitions with 4,000 bytes of metadata each
+/// (1.2 MB, over the 1 MiB batch) used to fail whole with KAFKA_STORAGE_ERROR. It is written in
+/// as many records as it takes; every partition is committed, and a restart replays them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_offset_commit_larger_than_a_record_is_committed_and_survives_a_restart() {
+    let (dev, handle) = sim(14, &FormatOptions::default());
+    let server = common::server_on(dev, Config::default());
+    let b = server.broker().clone();
+    let mut c = Client::connect(server.local_addr(), "commits")
+        .await
+        .expect("connect");
+    assert_eq!(create(&mut c, &["t".to_string()], 300).await[0].0, 0);
+    let max = b.log().max_payload();
+    assert!(
+        300 * 4000 > max,
+        "the request must outgrow one record ({max} B)"
+    );
+    assert_eq!(commit(&mut c, 0..300, 4000).await, vec![0; 300]);
+    for i in [0, 150, 299] {
+        let got = b.offsets().get("g", "t", i).expect("committed");
+        assert_eq!(
+            (got.offset, got.metadata.map(|m| m.len())),
+            (i64::from(i), Some(4000))
+        );
+    }
+    handle.power_cut();
+    server.kill();
+    let b2 = reopen(handle.power_on());
+    for i in 0..300 {
+        let got = b2
+            .offsets()
+            .get("g", "t", i)
+            .expect("committed after the restart");
+        assert_eq!(got.offset, i64::from(i));
+    }
 }
