@@ -10,8 +10,9 @@ pub enum FlushMode {
     /// Ack when the write completes; flush at most every interval (and whenever the in-flight
     /// window fills). Loses up to min(rate x (interval + flush latency), W) at a power cut.
     Interval(Duration),
-    /// Ack when the write completes; flush only when the window fills or a superblock is written.
-    /// For throwaway runs: loses up to W at a power cut.
+    /// Ack when the write completes; flush only when the window fills, a superblock is written,
+    /// or the writer has been quiet for `LogConfig::quiet_flush` (so that readers, who see only
+    /// flushed data, see the end of a burst). For throwaway runs: loses up to W at a power cut.
     Never,
 }
 
@@ -31,7 +32,7 @@ impl FlushMode {
                 i.as_millis()
             )),
             FlushMode::Never => Some(format!(
-                "flush = never: a power cut may lose up to {window} bytes of acknowledged appends"
+                "flush = never: a power cut may lose up to {window} bytes of acknowledged appends (flushed only when that fills, or when writes pause)"
             )),
         }
     }
@@ -97,6 +98,9 @@ pub struct LogConfig {
     pub max_writes_in_flight: usize,
     /// An idle writer records its durable position in the superblock after this long.
     pub idle_superblock: Duration,
+    /// With `flush = never`, a writer quiet for this long flushes what it wrote, so that the
+    /// end of a burst becomes visible to readers (who see only flushed data).
+    pub quiet_flush: Duration,
     /// How long appends wait for space with `on_full = refuse` before failing.
     pub full_wait: Duration,
     /// Bytes per second the background scrub re-reads and checks (0: no scrub).
@@ -118,6 +122,7 @@ impl Default for LogConfig {
             max_flushes_in_flight: 4,
             max_writes_in_flight: 1,
             idle_superblock: Duration::from_secs(1),
+            quiet_flush: Duration::from_millis(10),
             full_wait: Duration::from_secs(5),
             scrub_rate: 16 << 20,
             tail_cache_bytes: 32 << 20,

@@ -62,7 +62,7 @@ pub enum Turn {
         /// I/O is in flight: a device completion will come.
         io_in_flight: bool,
         /// When the writer wants another turn even if nothing arrives (an idle superblock
-        /// update, appends waiting for space).
+        /// update, appends waiting for space, a relaxed mode's flush falling due).
         after: Duration,
     },
     /// The writer has stopped (closed and idle, or failed): it takes no more turns.
@@ -157,10 +157,16 @@ impl<D: BlockDevice> Hosted<D> {
         }
         // Appends still waiting (for space or the window) want the writer back soon; an idle
         // writer only needs to wake for its idle superblock update.
+        // A relaxed flush mode's flush falls due on a clock: be back by then (the floor keeps a
+        // flush that is due but cannot start yet from spinning the owner).
         let after = if self.writer.pending_len() > 0 || self.closing {
             Duration::from_millis(1)
         } else {
             Duration::from_millis(100)
+        };
+        let after = match self.writer.flush_due_in(self.now()) {
+            Some(due) => after.min(due.max(DEVICE_WAIT_SLICE)),
+            None => after,
         };
         Turn::Idle {
             io_in_flight: self.writer.has_io_in_flight(),

@@ -66,6 +66,7 @@ fn log_config(retain_bytes: Option<u64>) -> LogConfig {
         max_flushes_in_flight: 2,
         max_writes_in_flight: 2,
         idle_superblock: Duration::from_millis(5),
+        quiet_flush: LogConfig::default().quiet_flush,
         full_wait: Duration::from_millis(20),
         scrub_rate: 0,
         // Reads must reach the (damaged) device, not copies of what was written.

@@ -39,6 +39,7 @@ fn quiet_config(flush: FlushMode) -> LogConfig {
         flush,
         // No superblock update (and so no flush) while the test counts flushes.
         idle_superblock: Duration::from_secs(3600),
+        quiet_flush: Duration::from_secs(3600),
         ..LogConfig::default()
     }
 }

@@ -211,7 +211,13 @@ impl<D: BlockDevice> Writer<D> {
             FlushMode::Interval(i) => {
                 now.mono_ns.saturating_sub(self.last_flush_ns) >= i.as_nanos() as u64
             }
-            FlushMode::Never => false,
+            // Only when the writer has gone quiet: under load nothing is flushed before W fills,
+            // but the last records of a burst do not stay unflushed, and so invisible to
+            // readers (who see only below D), for as long as nothing else comes.
+            FlushMode::Never => {
+                now.mono_ns.saturating_sub(self.last_activity_ns)
+                    >= self.cfg.quiet_flush.as_nanos() as u64
+            }
         };
         if !(due || urgent) {
             return false;
@@ -226,6 +232,23 @@ impl<D: BlockDevice> Writer<D> {
         }
         self.flush_submitted(tag, None, now);
         true
+    }
+
+    /// How long until a flush the mode asks for falls due, while written data waits for one: the
+    /// owner must step the writer by then even if nothing else happens, or an idle writer would
+    /// keep acknowledged data unflushed (and unseen by readers) past what its mode promises.
+    /// None when nothing waits, or when the mode flushes as soon as data is written.
+    pub fn flush_due_in(&self, now: Now) -> Option<Duration> {
+        if !self.volatile_cache || self.written_through <= self.flush_requested || self.closing {
+            return None;
+        }
+        let (since, wait) = match self.cfg.flush {
+            FlushMode::Always => return None,
+            FlushMode::Interval(i) => (self.last_flush_ns, i),
+            FlushMode::Never => (self.last_activity_ns, self.cfg.quiet_flush),
+        };
+        let elapsed = Duration::from_nanos(now.mono_ns.saturating_sub(since));
+        Some(wait.saturating_sub(elapsed))
     }
 
     /// Whether the batch about to be written at `position` goes out with a linked flush: in the
