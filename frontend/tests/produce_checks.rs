@@ -332,6 +332,67 @@ async fn acks_zero_that_the_device_fails_closes_the_connection() {
     assert!(closed(&mut c).await, "connection left open");
 }
 
+/// An acks=0 append that the writer fails later (here: the log is full and refuses) closes the
+/// connection, but only after the requests taken before it are answered. Before, the connection
+/// closed at once and a long-polling Fetch ahead of it never got its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_zero_failed_by_the_writer_closes_the_connection_after_earlier_answers() {
+    let (dev, _h) = common::sim_device(12, 64 << 20, 200);
+    let lc = nvmq_log::LogConfig {
+        on_full: nvmq_log::OnFull::Refuse,
+        full_wait: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let s = common::serve_devices_with(vec![dev], lc, Default::default());
+    let mut c = Client::connect(s.local_addr(), "t").await.unwrap();
+    create(&mut c, "zfull").await;
+    // Fill the log straight through the broker until it refuses large appends, then small ones
+    // (a small batch may still fit where a large one did not).
+    let b = s.broker().clone();
+    let part = b.topics().partition("zfull", 0).expect("partition");
+    for size in [512 << 10, 1] {
+        let mut filled = false;
+        for _ in 0..1000 {
+            let rx = b.append(part, vec![1u8; size], 1).await.expect("queued");
+            if matches!(rx.await, Ok(Err(nvmq_log::LogError::LogFull { .. }))) {
+                filled = true;
+                break;
+            }
+        }
+        assert!(filled, "appends of {size} B never filled the log");
+    }
+    let end = b.bounds(part).expect("bounds").1;
+
+    // Pipelined: a Fetch at the end that waits up to a second, then the acks=0 produce the full
+    // log refuses after its 100 ms wait.
+    let mut p = FetchPartition::default();
+    p.fetch_offset = end as i64;
+    p.partition_max_bytes = 1 << 20;
+    let mut ft = FetchTopic::default();
+    ft.topic = topic("zfull");
+    ft.partitions = vec![p];
+    let mut fetch = FetchRequest::default();
+    fetch.replica_id = BrokerId(-1);
+    fetch.max_bytes = 1 << 20;
+    fetch.min_bytes = 1;
+    fetch.max_wait_ms = 1000;
+    fetch.topics = vec![ft];
+    let (_, wait) = c.frame(11, &fetch).expect("frame");
+    let quiet = acks0_frame(&mut c, "zfull", record_batch(&[b"x"], None));
+    c.send_raw(&[wait, quiet].concat()).await.unwrap();
+    let (_, r) = c
+        .recv::<FetchRequest>(11)
+        .await
+        .expect("the fetch taken before the failure is answered");
+    assert_eq!(r.responses[0].partitions[0].error_code, 0);
+    let open = !closed(&mut c).await;
+    assert!(
+        !open,
+        "connection left open; end {end} -> {:?}",
+        b.bounds(part)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_good_acks_zero_produce_is_stored_and_keeps_the_connection() {
     let (addr, _s) = common::serve(Default::default()).await;

@@ -65,6 +65,8 @@ pub(crate) struct ConnState {
     waker: Option<Waker>,
     woken: bool,
     closing: bool,
+    /// Takes no more requests, answers those it holds, then closes (an acks=0 append failed).
+    draining: bool,
     last_active: Instant,
 }
 
@@ -100,6 +102,7 @@ impl Conns {
             waker: None,
             woken: false,
             closing: false,
+            draining: false,
             last_active: Instant::now(),
         }));
         let key = self.slab.borrow_mut().insert(st.clone());
@@ -150,11 +153,15 @@ impl Conns {
         }
     }
 
-    /// Closes a connection at once (an acks=0 append of it failed).
+    /// An acks=0 append of the connection failed: it takes no more requests and closes once the
+    /// ones it took are answered. Kafka, which handles a connection's requests one at a time,
+    /// has answered every earlier one by then; here requests taken before the failure was known
+    /// (earlier ones, and later pipelined ones already acted on) still get their answers rather
+    /// than a bare disconnect.
     pub fn abort(&self, r: ConnRef) {
         if let Some(c) = self.get(r) {
             let mut st = c.borrow_mut();
-            st.closing = true;
+            st.draining = true;
             st.wake();
         }
     }
@@ -351,6 +358,7 @@ async fn serve(
         // Start every whole request that arrived, in order.
         let mut waiting_budget = false;
         while !eof
+            && !st.borrow().draining
             && st.borrow().fifo.len() < max_in_flight
             && room(&st.borrow(), out.len() - sent, input.len())
         {
@@ -425,7 +433,7 @@ async fn serve(
         }
         let (closing, done) = {
             let s = st.borrow();
-            (s.closing, eof && s.fifo.is_empty())
+            (s.closing, (eof || s.draining) && s.fifo.is_empty())
         };
         if closing {
             // The answers already made go out first: after a writer stopped, they are the errors
@@ -454,7 +462,11 @@ async fn serve(
             s.byte_wait = !room;
             room
         };
-        let reading = !eof && !waiting_budget && has_room && st.borrow().fifo.len() < max_in_flight;
+        let reading = !eof
+            && !waiting_budget
+            && has_room
+            && !st.borrow().draining
+            && st.borrow().fifo.len() < max_in_flight;
         if reading && input.capacity() - input.len() < INPUT_CHUNK / 4 {
             // Grow with the bytes seen, not with the length a frame claims: a client that
             // announces 64 MiB and sends nothing gets no 64 MiB buffer.

@@ -38,7 +38,11 @@ pub fn server_on(dev: SimDevice, cfg: Config) -> Server {
 
 /// Serves one log per device (device i on loop i mod 2) on an ephemeral port.
 pub fn serve_devices(devs: Vec<SimDevice>, cfg: Config) -> Server {
-    let lc = LogConfig::default();
+    serve_devices_with(devs, LogConfig::default(), cfg)
+}
+
+/// `serve_devices` with the logs' configuration `lc`.
+pub fn serve_devices_with(devs: Vec<SimDevice>, lc: LogConfig, cfg: Config) -> Server {
     let writers = devs
         .into_iter()
         .map(|d| recovery::open(d, lc.clone()).expect("open").0)
