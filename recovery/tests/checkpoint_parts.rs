@@ -432,6 +432,11 @@ fn run(seed: u64, cuts: u64) -> Result<(u64, u64), String> {
         drop(w);
         dev = Box::new(r.handle.power_on());
     }
+    // The last cut is checked like the others.
+    let (mut w, _) =
+        recovery::open(dev, r.cfg.clone()).map_err(|e| r.fail(cuts, format!("open: {e}")))?;
+    w.backfill_with(|w, p, l| stepped_read(&clock, w, p, l));
+    r.verify(&mut w, cuts)?;
     Ok((r.cuts_inside, multi))
 }
 
