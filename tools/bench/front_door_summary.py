@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """front_door_summary.py <front-door.jsonl>: the medians over the rounds of front_door.sh, and the
-issue's ratios computed within each round (then their median), as markdown tables for the README.
+issue's ratios computed within each round (then their median), as markdown tables for docs/performance.md.
 """
 import json
 import statistics

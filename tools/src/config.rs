@@ -42,10 +42,13 @@ pub fn merge(argv: Vec<OsString>, cmd: &Command) -> Result<Vec<OsString>> {
         match value {
             toml::Value::Table(section) => {
                 let name = key.replace('_', "-");
-                let sub = cmd.find_subcommand(&name).ok_or_else(|| {
+                // Hidden commands (`config-reference`) take no settings.
+                let sub = cmd.find_subcommand(&name).filter(|s| !s.is_hide_set());
+                let sub = sub.ok_or_else(|| {
                     anyhow!(
                         "config file {file}: unknown section [{key}] (sections are the commands: {})",
                         cmd.get_subcommands()
+                            .filter(|c| !c.is_hide_set())
                             .map(|c| c.get_name().to_string())
                             .filter(|n| n != "help")
                             .collect::<Vec<_>>()

@@ -16,6 +16,7 @@ mod mkfs;
 mod plot;
 mod progress;
 mod readonly;
+mod reference;
 mod serve;
 mod verify;
 
@@ -27,7 +28,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 ///
 /// Devices are named `file:<path>` (a regular file or a block device node; `,engine=uring`,
 /// `threads` or `auto` picks how its I/O is done, `,flush_fds=N` how many fdatasyncs may run at
-/// once, 1 to 64, default 4) or `sim[:key=value,...]` (an in-memory simulated device for trying
+/// once, 1 to 64, default 1) or `sim[:key=value,...]` (an in-memory simulated device for trying
 /// things out).
 #[derive(Parser, Debug)]
 #[command(name = "nvmq", version)]
@@ -76,6 +77,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Measure the Kafka frontend: producers speaking the protocol, acks=all.
     KafkaBench(kafka_bench::KafkaBenchArgs),
+    /// Print the configuration reference (docs/config-reference.md) generated from these flags.
+    #[command(hide = true)]
+    ConfigReference,
 }
 
 /// How a command that ran to the end judged what it saw.
@@ -157,6 +161,10 @@ fn main() -> ExitCode {
         Command::BenchRecovery(a) => bench_recovery::run(a).map(|()| Status::Ok),
         Command::Serve(a) => serve::run(a),
         Command::KafkaBench(a) => kafka_bench::run(a).map(|()| Status::Ok),
+        Command::ConfigReference => {
+            print!("{}", reference::render(&Cli::command()));
+            Ok(Status::Ok)
+        }
     };
     match result {
         Ok(s) => ExitCode::from(s.code()),

@@ -29,8 +29,10 @@ pub struct ServeArgs {
     /// listening address.
     #[arg(long)]
     pub advertise: Option<String>,
-    /// Device: `file:<path>[,engine=uring|threads|auto]` (created and formatted if missing, else
-    /// recovered) or `sim[:...]` (in memory, formatted at every start). Repeat it for several
+    /// Device: `file:<path>[,engine=uring|threads|auto][,flush_fds=N]` (created and formatted if
+    /// missing, else recovered), `nvme:<pci>[,ns=<id>][,io_timeout_ms=<ms>]` (a controller bound
+    /// to vfio-pci, formatted first with `nvmq format`) or `sim[:...]` (in memory, formatted at
+    /// every start). Repeat it for several
     /// devices: one log and one writer each, partitions spread over them; device i is written
     /// by event loop i mod --loops. Give the same set, in the same order, at every start.
     #[arg(long, default_value = DEFAULT_DEVICE, action = clap::ArgAction::Append)]

@@ -21,8 +21,8 @@ pub enum Engine {
     /// fails with [`DeviceError::Open`](crate::DeviceError::Open) naming the reason when the ring
     /// cannot be set up (no io_uring in the kernel, `kernel.io_uring_disabled`, a seccomp filter).
     IoUring,
-    /// io_uring when it can be set up, else the threads. The default: it measured faster (README,
-    /// "Benchmark").
+    /// io_uring when it can be set up, else the threads. The default: it measured faster
+    /// (docs/performance.md, "File engines").
     #[default]
     Auto,
 }

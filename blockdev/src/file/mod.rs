@@ -75,7 +75,7 @@ pub struct FileOptions {
     /// busy waits and rides on the next one to start). 1 gives one `fdatasync` at a time. From 1
     /// to [`MAX_FLUSH_DESCRIPTIONS`]; a read-only open opens none. The default is 1. More closes
     /// the page cache's error race through Linux's per-description write-back error reporting
-    /// (README, "File engines"), but not a drive or block layer that reports a failed cache
+    /// (docs/storage-backends.md, "File engines"), but not a drive or block layer that reports a failed cache
     /// write-back to only one of two flushes running at once: the earlier flush could then
     /// succeed over lost data. Measured on this project's virtio disk it gained nothing.
     pub flush_descriptions: usize,
