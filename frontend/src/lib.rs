@@ -28,7 +28,7 @@ pub mod versions;
 
 pub use broker::{Broker, Config, Startup};
 pub use part::PartRef;
-pub use reactor::{Server, ServerOptions};
+pub use reactor::{CheckGate, Server, ServerOptions};
 
 use nvmq_log::LogError;
 
