@@ -22,6 +22,7 @@ pub mod reactor;
 pub mod records;
 pub mod server;
 pub mod shape;
+pub mod snapshot_parts;
 mod startup;
 pub mod time_index;
 pub mod versions;
