@@ -212,6 +212,8 @@ pub(crate) struct Waiting {
     queue: VecDeque<Entry>,
     /// Bytes of the requests whose pool job counts them (the connection does not, meanwhile).
     pooled: usize,
+    /// acks=0 requests among them.
+    silent: usize,
 }
 
 impl Waiting {
@@ -226,7 +228,7 @@ impl Waiting {
     /// An acks=0 Produce is waiting: nothing after it may start, as it may close the connection
     /// (Kafka handles a connection's requests one at a time).
     pub fn holds_back(&self) -> bool {
-        self.queue.iter().any(|e| e.prepared.acks == 0)
+        self.silent > 0
     }
 
     /// Queues request `seq` (its frame `size` bytes), handing `groups` to the pool with the
@@ -247,6 +249,9 @@ impl Waiting {
             self.pooled += size;
             State::Pending(rx)
         };
+        if p.acks == 0 {
+            self.silent += 1;
+        }
         self.queue.push_back(Entry {
             seq,
             size,
@@ -293,6 +298,9 @@ impl Waiting {
             let Some(e) = self.queue.pop_front() else {
                 return;
             };
+            if e.prepared.acks == 0 {
+                self.silent -= 1;
+            }
             let faults = match e.state {
                 State::Answered(Ok(c)) => {
                     self.pooled -= e.size;
