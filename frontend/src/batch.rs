@@ -148,22 +148,40 @@ pub fn split<'a>(
     records: &'a [u8],
     checks: &Checks,
 ) -> Result<Vec<(BatchInfo, &'a [u8])>, BatchFault> {
+    let (batches, fault) = frames(records);
+    for (info, one) in &batches {
+        records::check(one, info, checks)?;
+    }
+    match fault {
+        Some(f) => Err(f),
+        None => Ok(batches),
+    }
+}
+
+/// Splits a produce request's records into batches with their headers checked, but not their
+/// records: the batches before the first one refused, and why that one was (or why there was
+/// none). The records are checked apart (`records::check`), some of them off the event loop;
+/// the first fault in batch order, records or header, is the partition's.
+pub fn frames(records: &[u8]) -> (Vec<(BatchInfo, &[u8])>, Option<BatchFault>) {
     let mut out = Vec::new();
     let mut rest = records;
     while !rest.is_empty() {
-        let info = check(rest)?;
+        let info = match check(rest) {
+            Ok(info) => info,
+            Err(f) => return (out, Some(f)),
+        };
         let (one, tail) = rest.split_at(info.len);
-        records::check(one, &info, checks)?;
         out.push((info, one));
         rest = tail;
     }
     if out.is_empty() {
-        return Err(fault(
+        let f = fault(
             codes::CORRUPT_MESSAGE,
             "produce request without a record batch".into(),
-        ));
+        );
+        return (out, Some(f));
     }
-    Ok(out)
+    (out, None)
 }
 
 /// Reads a zigzag varint at `*at`, moving past it.

@@ -249,7 +249,7 @@ impl Broker {
             logs,
             append_permits: Arc::new(Semaphore::new(append_capacity as usize)),
             read_permits: Arc::new(Semaphore::new((permits / 8).max(1))),
-            time_index: Arc::default(),
+            time_index: Arc::new(replayed.time_index),
             meta_partition: PartRef::new(0, internal.metas[0]),
             offsets_partition: PartRef::new(0, internal.offsets),
             metas: internal.metas,
@@ -638,7 +638,9 @@ impl Broker {
         Ok(n)
     }
 
-    /// Queues the records of `snapshot_producers`; (partitions, their appends).
+    /// Queues the records of `snapshot_producers`, and of the partitions' time indexes (those
+    /// that grew since they were last recorded, or all of them); (partitions whose producers were
+    /// snapshotted, the appends).
     async fn queue_producer_snapshots(
         &self,
         dev: Option<u16>,
@@ -657,14 +659,18 @@ impl Broker {
         let mut waits = Vec::new();
         let mut n = 0;
         for p in parts {
-            let Some(snap) = self.producers.snapshot(p, now, changed_only) else {
-                continue;
-            };
-            n += 1;
             // On the partition's own device, beside the records it summarises.
             let meta = PartRef::new(p.dev, self.metas.get(p.device()).copied().unwrap_or(0));
             let max = self.log_of(p).max_payload();
-            for r in producer_snapshots::records(p.id, snap, max) {
+            let mut recs = Vec::new();
+            if let Some(snap) = self.producers.snapshot(p, now, changed_only) {
+                n += 1;
+                recs.extend(producer_snapshots::records(p.id, snap, max));
+            }
+            if let Some((head, samples)) = self.time_index.snapshot(p, changed_only) {
+                recs.extend(crate::time_index::records(p.id, head, samples, max));
+            }
+            for r in recs {
                 waits.push(self.append(meta, r.encode(), 1).await?);
             }
         }

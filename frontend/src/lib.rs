@@ -22,13 +22,14 @@ pub mod reactor;
 pub mod records;
 pub mod server;
 pub mod shape;
+pub mod snapshot_parts;
 mod startup;
 pub mod time_index;
 pub mod versions;
 
 pub use broker::{Broker, Config, Startup};
 pub use part::PartRef;
-pub use reactor::{Server, ServerOptions};
+pub use reactor::{CheckGate, Server, ServerOptions};
 
 use nvmq_log::LogError;
 

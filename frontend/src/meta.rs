@@ -1,6 +1,6 @@
 //! nvmq's own records in its internal partitions: topic tombstones, producer ids, group
-//! generations and idempotent producers' state in `__nvmq_meta`, committed offsets in
-//! `__consumer_offsets`. Replayed on start.
+//! generations, idempotent producers' state and time indexes in `__nvmq_meta`, committed offsets
+//! in `__consumer_offsets`. Replayed on start.
 
 pub const META_TOPIC: &str = "__nvmq_meta";
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
@@ -56,6 +56,36 @@ pub const PRODUCER_SNAP_MAX_LEN: usize = 8 + 2 + 8 + 1 + MAX_SNAP_BATCHES * 16;
 /// Encoded bytes of a `ProducerState` record without its producers.
 pub const PRODUCER_STATE_HEADER_LEN: usize = 1 + 4 + 8 + 4 + 4 + 4;
 
+/// What every part of a time index snapshot repeats: the index's state but for its samples
+/// (see `time_index::Times`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimesHead {
+    /// The offsets indexed: [from, to).
+    pub from: u64,
+    pub to: u64,
+    /// The largest timestamp below `to`.
+    pub running: i64,
+    /// The largest timestamp and the base offset of the batch holding it.
+    pub max: Option<(i64, u64)>,
+    /// Payload bytes indexed since the last sample.
+    pub since_sample: u64,
+}
+
+/// Part `part` of `parts` of a snapshot of data partition `partition`'s time index: its samples
+/// (batch base offset, largest timestamp below it), in order, split over consecutive records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimeIndexPart {
+    pub partition: u32,
+    pub head: TimesHead,
+    pub part: u32,
+    pub parts: u32,
+    pub samples: Vec<(u64, i64)>,
+}
+
+/// Encoded bytes of a `TimeIndex` record without its samples (at most), and of one sample.
+pub const TIME_INDEX_HEADER_LEN: usize = 1 + 4 + 8 + 8 + 8 + 1 + 16 + 8 + 4 + 4 + 4;
+pub const TIME_SAMPLE_LEN: usize = 16;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaRecord {
     /// The topic is deleted: a topic of that name created later is `incarnation` (the count of
@@ -69,6 +99,8 @@ pub enum MetaRecord {
     Commits { group: String, commits: Vec<Commit> },
     /// Part of a snapshot of a data partition's idempotent producers.
     ProducerState(ProducerStatePart),
+    /// Part of a snapshot of a data partition's time index (ListOffsets by timestamp).
+    TimeIndex(TimeIndexPart),
 }
 
 impl Commit {
@@ -122,6 +154,7 @@ const TAG_PRODUCER_ID: u8 = 2;
 const TAG_GENERATION: u8 = 3;
 const TAG_COMMITS: u8 = 4;
 const TAG_PRODUCER_STATE: u8 = 5;
+const TAG_TIME_INDEX: u8 = 6;
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
     let b = s.as_bytes();
@@ -189,6 +222,30 @@ impl MetaRecord {
                         out.extend(b.last_seq.to_be_bytes());
                         out.extend(b.offset.to_be_bytes());
                     }
+                }
+            }
+            MetaRecord::TimeIndex(t) => {
+                let head = &t.head;
+                out.push(TAG_TIME_INDEX);
+                out.extend(t.partition.to_be_bytes());
+                out.extend(head.from.to_be_bytes());
+                out.extend(head.to.to_be_bytes());
+                out.extend(head.running.to_be_bytes());
+                match head.max {
+                    None => out.push(0),
+                    Some((ts, at)) => {
+                        out.push(1);
+                        out.extend(ts.to_be_bytes());
+                        out.extend(at.to_be_bytes());
+                    }
+                }
+                out.extend(head.since_sample.to_be_bytes());
+                out.extend(t.part.to_be_bytes());
+                out.extend(t.parts.to_be_bytes());
+                out.extend((t.samples.len() as u32).to_be_bytes());
+                for (offset, ts) in &t.samples {
+                    out.extend(offset.to_be_bytes());
+                    out.extend(ts.to_be_bytes());
                 }
             }
         }
@@ -279,6 +336,42 @@ impl MetaRecord {
                     part,
                     parts,
                     producers,
+                })
+            }
+            TAG_TIME_INDEX => {
+                let partition = c.i32()? as u32;
+                let from = c.i64()? as u64;
+                let to = c.i64()? as u64;
+                let running = c.i64()?;
+                let max = match c.u8()? {
+                    0 => None,
+                    _ => Some((c.i64()?, c.i64()? as u64)),
+                };
+                let since_sample = c.i64()? as u64;
+                let part = c.i32()? as u32;
+                let parts = c.i32()? as u32;
+                if part >= parts || from > to {
+                    return Err(format!(
+                        "time index part {part} of {parts} over offsets {from}..{to}"
+                    ));
+                }
+                let n = c.count(TIME_SAMPLE_LEN, "samples")?;
+                let mut samples = Vec::with_capacity(n);
+                for _ in 0..n {
+                    samples.push((c.i64()? as u64, c.i64()?));
+                }
+                MetaRecord::TimeIndex(TimeIndexPart {
+                    partition,
+                    head: TimesHead {
+                        from,
+                        to,
+                        running,
+                        max,
+                        since_sample,
+                    },
+                    part,
+                    parts,
+                    samples,
                 })
             }
             t => return Err(format!("unknown record tag {t}")),
@@ -447,6 +540,32 @@ mod tests {
                         batches: vec![],
                     },
                 ],
+            }),
+            MetaRecord::TimeIndex(TimeIndexPart {
+                partition: 3,
+                head: TimesHead {
+                    from: 10,
+                    to: 900,
+                    running: 1_700_000_000_000,
+                    max: Some((1_700_000_000_000, 850)),
+                    since_sample: 4096,
+                },
+                part: 1,
+                parts: 2,
+                samples: vec![(10, i64::MIN), (400, 1_600_000_000_000)],
+            }),
+            MetaRecord::TimeIndex(TimeIndexPart {
+                partition: 3,
+                head: TimesHead {
+                    from: 0,
+                    to: 0,
+                    running: i64::MIN,
+                    max: None,
+                    since_sample: 0,
+                },
+                part: 0,
+                parts: 1,
+                samples: vec![],
             }),
         ];
         for r in recs {

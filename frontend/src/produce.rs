@@ -285,11 +285,13 @@ async fn start_partition(
 }
 
 /// MESSAGE_TOO_LARGE for the first batch larger than a record of the log may be.
-pub(crate) fn oversized(
-    batches: &[(crate::batch::BatchInfo, &[u8])],
+pub(crate) fn oversized<B: AsRef<[u8]>>(
+    batches: &[(crate::batch::BatchInfo, B)],
     max: usize,
 ) -> Option<(i16, String)> {
-    let (info, _) = batches.iter().find(|(_, bytes)| bytes.len() > max)?;
+    let (info, _) = batches
+        .iter()
+        .find(|(_, bytes)| bytes.as_ref().len() > max)?;
     Some((
         codes::MESSAGE_TOO_LARGE,
         format!(

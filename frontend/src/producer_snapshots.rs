@@ -53,6 +53,7 @@ use crate::meta::{
     MetaRecord, ProducerSnap, ProducerStatePart, PRODUCER_SNAP_MAX_LEN, PRODUCER_STATE_HEADER_LEN,
 };
 use crate::producers::PartitionSnap;
+use crate::snapshot_parts::{self, Parts};
 
 /// Log bytes written between snapshots of the partitions whose producers changed (besides the
 /// full snapshot every quarter ring): what start-up replays after a crash is about this much.
@@ -62,93 +63,42 @@ pub const PRODUCER_SNAPSHOT_BYTES: u64 = 32 << 20;
 pub fn records(partition: u32, snap: PartitionSnap, max_payload: usize) -> Vec<MetaRecord> {
     let per =
         (max_payload.saturating_sub(PRODUCER_STATE_HEADER_LEN) / PRODUCER_SNAP_MAX_LEN).max(1);
-    let mut chunks: Vec<Vec<ProducerSnap>> = Vec::new();
-    let mut producers = snap.producers.into_iter().peekable();
-    while producers.peek().is_some() {
-        chunks.push(producers.by_ref().take(per).collect());
-    }
-    if chunks.is_empty() {
-        // A partition without idempotent producers still gets its `through`: start-up then
-        // skips its records.
-        chunks.push(Vec::new());
-    }
-    let parts = chunks.len() as u32;
-    chunks
-        .into_iter()
-        .enumerate()
-        .map(|(i, producers)| {
-            MetaRecord::ProducerState(ProducerStatePart {
-                partition,
-                through: snap.through,
-                part: i as u32,
-                parts,
-                producers,
-            })
+    // A partition without idempotent producers still gets its `through` (one empty part):
+    // start-up then skips its records.
+    snapshot_parts::cut(snap.producers, per, |part, parts, producers| {
+        MetaRecord::ProducerState(ProducerStatePart {
+            partition,
+            through: snap.through,
+            part,
+            parts,
+            producers,
         })
-        .collect()
-}
-
-struct Pending {
-    through: u64,
-    parts: u32,
-    next: u32,
-    producers: Vec<ProducerSnap>,
+    })
 }
 
 /// Collects snapshot parts replayed from `__nvmq_meta` in log order; keeps the newest complete
 /// snapshot of each partition.
 #[derive(Default)]
-pub struct Assembler {
-    pending: HashMap<u32, Pending>,
-    complete: HashMap<u32, PartitionSnap>,
-}
+pub struct Assembler(Parts<u64, ProducerSnap>);
 
 impl Assembler {
     pub fn add(&mut self, rec: ProducerStatePart) {
-        let ProducerStatePart {
-            partition,
-            through,
-            part,
-            parts,
-            producers,
-        } = rec;
-        if part == 0 {
-            self.pending.insert(
-                partition,
-                Pending {
-                    through,
-                    parts,
-                    next: 0,
-                    producers: Vec::new(),
-                },
-            );
-        }
-        let Some(p) = self.pending.get_mut(&partition) else {
-            return;
-        };
-        if p.through != through || p.parts != parts || p.next != part {
-            // Parts of a snapshot cut short, followed by parts of another: neither is whole.
-            self.pending.remove(&partition);
-            return;
-        }
-        p.producers.extend(producers);
-        p.next += 1;
-        if p.next == p.parts {
-            if let Some(p) = self.pending.remove(&partition) {
-                self.complete.insert(
-                    partition,
-                    PartitionSnap {
-                        through: p.through,
-                        producers: p.producers,
-                    },
-                );
-            }
-        }
+        self.0.add(
+            rec.partition,
+            rec.through,
+            rec.part,
+            rec.parts,
+            rec.producers,
+        );
     }
 
     /// The newest complete snapshot of each partition.
     pub fn finish(self) -> HashMap<u32, PartitionSnap> {
-        self.complete
+        self.0
+            .finish()
+            .into_iter()
+            .map(|(p, (through, producers))| (p, PartitionSnap { through, producers }))
+            .collect()
     }
 }
 

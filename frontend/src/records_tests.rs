@@ -2,52 +2,38 @@
 
 use std::io::Write;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::{Compression, Record};
 
 use super::*;
 use crate::batch::{self, tests::make_batch};
 
+#[path = "../tests/common/kafka_batches.rs"]
+#[allow(dead_code)] // the integration tests use the rest
+mod kafka_batches;
+
 /// Records with keys, values and a header each, as a client encodes them.
 fn sample(n: usize) -> Vec<Record> {
     (0..n)
-        .map(|i| Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: i as i64,
-            // The encoder starts a new batch where offset - sequence changes: -1 at offset 0
-            // keeps one batch with no base sequence.
-            sequence: i as i32 - 1,
-            timestamp: 1_700_000_000_000 + i as i64,
-            key: Some(Bytes::from(format!("key-{i}"))),
-            value: (i % 7 != 3).then(|| Bytes::from(format!("value {i} ").repeat(i % 13))),
-            headers: [(
+        .map(|i| {
+            let key = Some(Bytes::from(format!("key-{i}")));
+            let value = (i % 7 != 3).then(|| Bytes::from(format!("value {i} ").repeat(i % 13)));
+            let mut r = kafka_batches::record(i, key, value);
+            r.headers = [(
                 StrBytes::from_string(format!("h{i}")),
                 Some(Bytes::from_static(b"hv")),
             )]
             .into_iter()
-            .collect(),
+            .collect();
+            r
         })
         .collect()
 }
 
 /// A batch by the kafka-protocol crate's encoder (gzip, xerial snappy, zstd or none).
 fn encoded(n: usize, compression: Compression) -> Vec<u8> {
-    let mut buf = BytesMut::new();
-    let opts = RecordEncodeOptions {
-        version: 2,
-        compression,
-    };
-    RecordBatchEncoder::encode(&mut buf, &sample(n), &opts).unwrap();
-    buf.to_vec()
+    kafka_batches::encode(&sample(n), compression)
 }
 
 /// The uncompressed records section of an `n`-record batch.
@@ -266,6 +252,54 @@ fn a_batch_decompressing_past_the_limit_is_refused_whatever_its_codec() {
     }
     // Uncompressed batches are bounded by the frame, not by this.
     assert_eq!(run(&batch_over(&over, 0, 1), &small), Ok(()));
+}
+
+#[test]
+fn the_loop_checks_what_is_cheap_and_leaves_the_rest_whatever_the_codec() {
+    let inline = |b: &[u8], checks: &Checks| {
+        let info = batch::check(b).unwrap();
+        check_inline(b, &info, checks)
+    };
+    let all = Checks::default();
+    let small = plain_records(40);
+    let large = big_record(2 * INLINE_UNPACKED);
+    for (id, name, z) in codecs() {
+        // Small: checked here, with the full check's verdict, good or lying.
+        assert_eq!(
+            inline(&batch_over(&z(&small), id, 40), &all),
+            Some(Ok(())),
+            "{name}"
+        );
+        let lie = inline(&batch_over(&z(&small), id, 41), &all).expect(name);
+        assert_eq!(lie.unwrap_err().code, codes::INVALID_RECORD, "{name}");
+        if id == 0 {
+            continue;
+        }
+        // Yielding more than the loop's share: left to the full check, valid or not.
+        for count in [1, 2] {
+            let b = batch_over(&z(&large), id, count);
+            assert_eq!(inline(&b, &all), None, "{name} claiming {count}");
+            assert_eq!(run(&b, &all).is_ok(), count == 1, "{name} claiming {count}");
+        }
+        // Under a limit below the loop's share, the loop's check is the whole check.
+        let tight = Checks {
+            max_uncompressed: 1024,
+            zstd: true,
+        };
+        let f = inline(&batch_over(&z(&large), id, 1), &tight)
+            .expect(name)
+            .unwrap_err();
+        assert_eq!(f.code, codes::MESSAGE_TOO_LARGE, "{name}: {f}");
+        assert!(f.what.contains("1024 bytes"), "{name}: {f}");
+    }
+    // Uncompressed batches go by their size.
+    let at = big_record(INLINE_PLAIN - 64);
+    assert!(at.len() <= INLINE_PLAIN);
+    assert_eq!(inline(&batch_over(&at, 0, 1), &all), Some(Ok(())));
+    assert_eq!(
+        inline(&batch_over(&big_record(INLINE_PLAIN), 0, 1), &all),
+        None
+    );
 }
 
 #[test]

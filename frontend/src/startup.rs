@@ -1,7 +1,7 @@
 //! Opening the broker over its logs: the internal partitions are replayed (topic tombstones,
 //! producer ids, group generations, committed offsets), the topics found in every device's
-//! registry, and the idempotent producers' state rebuilt from each partition's newest snapshot
-//! and the records after it.
+//! registry, the idempotent producers' state rebuilt from each partition's newest snapshot
+//! and the records after it, and each partition's newest recorded time index restored.
 //!
 //! Device 0 holds the broker's own state (`__nvmq_meta`, `__consumer_offsets`); every device
 //! holds a `__nvmq_meta` partition of its own for the snapshots of its partitions' producers, so
@@ -17,11 +17,14 @@ use nvmq_log::{Log, LogError, Record};
 use tokio::sync::watch;
 
 use crate::broker::{valid_topic_name, Startup};
+use crate::meta::TimesHead;
 use crate::meta::{MetaRecord, META_TOPIC, OFFSETS_TOPIC};
 use crate::offsets::Offsets;
 use crate::part::PartRef;
 use crate::producer_snapshots::Assembler;
 use crate::producers::{self as producers_mod, Producers};
+use crate::snapshot_parts::Parts;
+use crate::time_index::TimeIndex;
 use crate::FrontendError;
 
 /// What start-up found.
@@ -32,7 +35,11 @@ pub(crate) struct Replayed {
     pub offsets: Arc<Offsets>,
     pub topics: BTreeMap<String, Vec<PartRef>>,
     pub startup: Startup,
+    pub time_index: TimeIndex,
 }
+
+/// Time index snapshot parts of one device's partitions.
+type TimeParts = Parts<TimesHead, (u64, i64)>;
 
 /// The internal partitions, created on first use.
 pub(crate) struct Internal {
@@ -79,10 +86,13 @@ pub(crate) fn replay(
     let mut next_pid = 0i64;
     let mut generations: HashMap<String, i32> = HashMap::new();
     let mut snapshots: Vec<Assembler> = logs.iter().map(|_| Assembler::default()).collect();
+    let mut times: Vec<TimeParts> = logs.iter().map(|_| TimeParts::default()).collect();
     for (dev, (log, &meta)) in logs.iter().zip(&internal.metas).enumerate() {
         let asm = &mut snapshots[dev];
+        let t = &mut times[dev];
         scan_meta(log, meta, META_TOPIC, |rec| match rec {
             MetaRecord::ProducerState(part) => asm.add(part),
+            MetaRecord::TimeIndex(i) => t.add(i.partition, i.head, i.part, i.parts, i.samples),
             MetaRecord::DeleteTopic {
                 name,
                 incarnation: k,
@@ -109,6 +119,7 @@ pub(crate) fn replay(
     delete_orphans(logs, &incarnation);
     let topics = discover_topics(logs, &incarnation);
     let startup = rebuild_producers(logs, &topics, snapshots, producers)?;
+    let time_index = restore_time_indexes(logs, &topics, times);
     Ok(Replayed {
         incarnation,
         next_producer_id: next_pid,
@@ -116,7 +127,38 @@ pub(crate) fn replay(
         offsets,
         topics,
         startup,
+        time_index,
     })
+}
+
+/// Each data partition's newest recorded time index that fits what its log holds now (see
+/// `TimeIndex::restore`); the others are indexed by their first lookup.
+fn restore_time_indexes(
+    logs: &[Arc<Log>],
+    topics: &BTreeMap<String, Vec<PartRef>>,
+    times: Vec<TimeParts>,
+) -> TimeIndex {
+    let mut times: Vec<_> = times.into_iter().map(TimeParts::finish).collect();
+    let index = TimeIndex::default();
+    for &p in topics.values().flatten() {
+        let Some((head, samples)) = times.get_mut(p.device()).and_then(|t| t.remove(&p.id)) else {
+            continue;
+        };
+        let Some((start, end)) = logs.get(p.device()).and_then(|l| log_bounds(l, p.id)) else {
+            continue;
+        };
+        if !index.restore(p, head, samples, start, end) {
+            tracing::warn!(
+                partition = %p,
+                from = head.from,
+                to = head.to,
+                start,
+                end,
+                "recorded time index does not fit the partition; its first lookup rebuilds it"
+            );
+        }
+    }
+    index
 }
 
 /// (topic name, incarnation) of a log partition's name (`name` or `name#incarnation`).

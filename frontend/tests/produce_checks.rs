@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::kafka_batches::{claim, encode, noise, record, reseal};
+
 use bytes::Bytes;
 
 use std::io::Write;
@@ -17,9 +19,7 @@ use kafka_protocol::messages::{
     ApiVersionsRequest, BrokerId, FetchRequest, ProduceRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::{Compression, Record, RecordBatchDecoder};
 
 /// Codes nvmq answers with that the frontend's table may not name yet.
 const INVALID_RECORD: i16 = 87;
@@ -72,49 +72,12 @@ fn encoded(values: &[&[u8]], compression: Compression) -> Vec<u8> {
     let records: Vec<Record> = values
         .iter()
         .enumerate()
-        .map(|(i, v)| Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: i as i64,
-            // The encoder starts a new batch where offset - sequence changes: -1 at offset 0
-            // keeps one batch with no base sequence.
-            sequence: i as i32 - 1,
-            timestamp: 1_700_000_000_000 + i as i64,
-            key: Some(Bytes::from(format!("k{i}"))),
-            value: Some(Bytes::copy_from_slice(v)),
-            headers: Default::default(),
+        .map(|(i, v)| {
+            let key = Bytes::from(format!("k{i}"));
+            record(i, Some(key), Some(Bytes::copy_from_slice(v)))
         })
         .collect();
-    let mut buf = bytes::BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        &records,
-        &RecordEncodeOptions {
-            version: 2,
-            compression,
-        },
-    )
-    .expect("encode");
-    buf.to_vec()
-}
-
-/// Rewrites a batch's record count and last offset delta to claim `count` records, and its CRC
-/// to match: a batch that lies about its contents and is otherwise intact.
-fn claim(mut b: Vec<u8>, count: i32) -> Vec<u8> {
-    b[23..27].copy_from_slice(&(count - 1).to_be_bytes());
-    b[57..61].copy_from_slice(&count.to_be_bytes());
-    reseal(b)
-}
-
-fn reseal(mut b: Vec<u8>) -> Vec<u8> {
-    let crc = crc32c::crc32c(&b[21..]);
-    b[17..21].copy_from_slice(&crc.to_be_bytes());
-    b
+    encode(&records, compression)
 }
 
 /// A batch header (61 bytes) over `records` as they are: compression `codec`, `count` records.
@@ -152,15 +115,7 @@ async fn a_compressed_batch_claiming_more_records_than_it_holds_is_refused() {
     create(&mut c, "claims").await;
     // One record of 6000 bytes that do not compress: the batch is larger than the 5000 it
     // claims, so no bytes-per-record guess can tell; only counting the records does.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let noise: Vec<u8> = (0..6000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let noise = noise(6000, 0x9e37_79b9_7f4a_7c15);
     let liar = claim(encoded(&[&noise], Compression::Gzip), 5000);
     assert!(liar.len() > 6000);
     let r = produce_at(&mut c, "claims", liar).await;

@@ -18,7 +18,8 @@ use slab::Slab;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::fast::{self, ProduceSlot};
+use super::checking::Waiting;
+use super::fast::{self, Arrival, ProduceSlot};
 use super::limits::{Admission, Charge};
 use super::service::LoopCtx;
 use crate::conn::{self, Outcome, Parsed, Reply};
@@ -46,6 +47,9 @@ pub(crate) enum Slot {
     Ready(Outcome),
     Produce(ProduceSlot),
     Future(Reply),
+    /// A Produce waiting for the checks of its batches (or behind one that is): its slot
+    /// replaces this one when it starts (`checking::Waiting`).
+    Checking,
 }
 
 /// What a connection's task and the service task share.
@@ -354,11 +358,30 @@ async fn serve(
     let mut sent = 0usize;
     let mut eof = false;
     let mut next_seq = 0u64;
+    // Produce requests waiting for their checks, and the charges their checks gave back (dropped
+    // once this connection counts those bytes again).
+    let mut checking = Waiting::default();
+    let mut released: Vec<Charge> = Vec::new();
     loop {
+        // The requests whose checks are done start first, in order. One that closes the
+        // connection (a failed acks=0 produce) is the last one taken, as below.
+        checking.resume(ctx, r, &mut released, |seq, slot| {
+            if matches!(slot, Slot::Ready(Outcome::Close)) {
+                eof = true;
+            }
+            let mut s = st.borrow_mut();
+            let at = seq
+                .checked_sub(s.base_seq)
+                .and_then(|i| usize::try_from(i).ok());
+            if let Some((waiting, _)) = at.and_then(|i| s.fifo.get_mut(i)) {
+                *waiting = slot;
+            }
+        });
         // Start every whole request that arrived, in order.
         let mut waiting_budget = false;
         while !eof
             && !st.borrow().draining
+            && !checking.holds_back()
             && st.borrow().fifo.len() < max_in_flight
             && room(&st.borrow(), out.len() - sent, input.len())
         {
@@ -380,7 +403,16 @@ async fn serve(
             let slot = match conn::parse(frame) {
                 Ok(Parsed::Answered(reply)) => Some(Slot::Future(reply)),
                 Ok(Parsed::Request(c, body)) => match c.api {
-                    ApiKey::Produce => fast::produce(ctx, r, next_seq, &c, body),
+                    ApiKey::Produce => {
+                        let behind = !checking.is_empty();
+                        match fast::produce(ctx, r, next_seq, &c, body, behind) {
+                            Arrival::Now(slot) => slot,
+                            Arrival::Later(p, groups) => {
+                                checking.push(ctx, next_seq, size, p, groups);
+                                Some(Slot::Checking)
+                            }
+                        }
+                    }
                     ApiKey::Fetch => Some(fast::fetch(ctx, &c, body)),
                     _ => match conn::dispatch(&ctx.broker, &c, body).await {
                         Ok(reply) => Some(Slot::Future(reply)),
@@ -449,8 +481,10 @@ async fn serve(
         }
         let unsent = out.len() - sent;
         // Once per pass, not per request: the count is shared by every loop (one atomic update
-        // per pass), and a pass adds at most what its input held to the global figure.
-        charge.set(st.borrow().held + unsent + input.len());
+        // per pass), and a pass adds at most what its input held to the global figure. The
+        // frames of requests in the check pool are counted by their jobs.
+        charge.set((st.borrow().held + unsent + input.len()).saturating_sub(checking.pooled()));
+        released.clear();
         let has_room = {
             let mut s = st.borrow_mut();
             s.unsent_since = match (unsent, s.unsent_since) {
@@ -464,6 +498,7 @@ async fn serve(
         };
         let reading = !eof
             && !waiting_budget
+            && !checking.holds_back()
             && has_room
             && !st.borrow().draining
             && st.borrow().fifo.len() < max_in_flight;
@@ -477,6 +512,9 @@ async fn serve(
             input.reserve(want.max(INPUT_CHUNK));
         }
         let event = std::future::poll_fn(|cx| {
+            if checking.poll(cx) {
+                return Poll::Ready(Event::Woken);
+            }
             poll_event(cx, st, &mut stream, &mut input, &out, sent, reading)
         })
         .await;
@@ -540,7 +578,7 @@ fn drain(st: &Rc<RefCell<ConnState>>, out: &mut Vec<u8>) -> bool {
             None => return false,
             Some((Slot::Ready(_), _)) => true,
             Some((Slot::Produce(p), _)) => p.done(),
-            Some((Slot::Future(_), _)) => false,
+            Some((Slot::Future(_), _)) | Some((Slot::Checking, _)) => false,
         };
         if !ready {
             return false;
@@ -559,7 +597,7 @@ fn drain(st: &Rc<RefCell<ConnState>>, out: &mut Vec<u8>) -> bool {
                     return true;
                 }
             }
-            Slot::Future(_) => {}
+            Slot::Future(_) | Slot::Checking => {}
         }
     }
 }
@@ -576,7 +614,7 @@ fn poll_head(front: &mut Slot, cx: &mut Context<'_>) -> bool {
             Poll::Pending => false,
         },
         Slot::Produce(p) => p.poll_landings(cx),
-        Slot::Ready(_) => false,
+        Slot::Ready(_) | Slot::Checking => false,
     }
 }
 

@@ -4,22 +4,24 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{FetchRequest, ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::messages::{FetchRequest, ProduceResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use nvmq_log::{Appended, LogError};
 
+use super::checker::Group;
+use super::checking::{self, Batches, Prepared};
 use super::conn::{ConnRef, Slot};
 use super::service::{Answer, LoopCtx, ProducerHook};
+use crate::batch::BatchFault;
 use crate::conn::{decode, Ctx, Outcome};
 use crate::part::PartRef;
 use crate::produce::log_error_code;
 use crate::producers::{BatchKey, Verdict};
-use crate::records::Checks;
-use crate::{batch, codes, fetch};
+use crate::{codes, fetch};
 
 /// Where an idempotent retry of a batch still in flight will land.
 type LandingWait = Pin<Box<dyn Future<Output = Option<Result<i64, ()>>>>>;
@@ -153,82 +155,88 @@ impl ProduceSlot {
     }
 }
 
-/// Starts a Produce: checks every batch and queues it for its partition's writer with a token
-/// that routes its ack back to this request. None when nothing is answered (acks=0).
-pub(crate) fn produce(lp: &LoopCtx, conn: ConnRef, seq: u64, c: &Ctx, body: Bytes) -> Option<Slot> {
-    let req: ProduceRequest = match crate::produce::decode_request(c, body) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(error = %e, "closing connection");
-            return Some(Slot::Ready(Outcome::Close));
+/// What became of a Produce as it arrived.
+pub(crate) enum Arrival {
+    /// Started (or refused) at once: its slot, None when nothing is answered (acks=0).
+    Now(Option<Slot>),
+    /// Waiting for checks off the loop, or behind a request of its connection that is: queue
+    /// it (`checking::Waiting`).
+    Later(Prepared, Vec<Group>),
+}
+
+/// A Produce arrives: its batches are checked (on the loop where that is cheap) and, unless some
+/// checks go to the pool or `behind` (its connection has requests waiting for theirs), started.
+pub(crate) fn produce(
+    lp: &LoopCtx,
+    conn: ConnRef,
+    seq: u64,
+    c: &Ctx,
+    body: Bytes,
+    behind: bool,
+) -> Arrival {
+    match checking::prepare(lp, c, body) {
+        Err(slot) => Arrival::Now(Some(slot)),
+        Ok((p, groups)) if groups.is_empty() && !behind => {
+            Arrival::Now(start(lp, conn, seq, p, &[]))
         }
-    };
+        Ok((p, groups)) => Arrival::Later(p, groups),
+    }
+}
+
+/// Starts a checked Produce (`faults`: what the pool found, per group): queues each partition's
+/// batches for its writer with a token that routes its ack back to this request. None when
+/// nothing is answered (acks=0).
+pub(crate) fn start(
+    lp: &LoopCtx,
+    conn: ConnRef,
+    seq: u64,
+    p: Prepared,
+    faults: &[Option<BatchFault>],
+) -> Option<Slot> {
     let b = &lp.broker;
-    let acks = req.acks;
-    let checks = crate::produce::checks(&b.cfg, c.version);
+    let acks = p.acks;
     let mut refused_any = false;
-    let ctx = Ctx {
-        api: c.api,
-        version: c.version,
-        correlation_id: c.correlation_id,
-        client_id: String::new(),
-    };
     let mut slot = ProduceSlot {
-        ctx,
-        topics: Vec::with_capacity(req.topic_data.len()),
+        ctx: p.ctx,
+        topics: Vec::with_capacity(p.topics.len()),
         waiting: 0,
-        deadline: u64::try_from(req.timeout_ms)
-            .ok()
-            .filter(|&t| t > 0)
-            .map(|t| Instant::now() + Duration::from_millis(t)),
+        deadline: p.deadline,
         landings: Vec::new(),
     };
-    for (ti, t) in req.topic_data.into_iter().enumerate() {
-        let mut parts = Vec::with_capacity(t.partition_data.len());
-        for (pi, p) in t.partition_data.into_iter().enumerate() {
-            let pid = b.topics().partition(t.name.as_str(), p.index);
+    for (ti, (name, parts)) in p.topics.into_iter().enumerate() {
+        let mut answers = Vec::with_capacity(parts.len());
+        for (pi, part) in parts.into_iter().enumerate() {
             let mut pa = PartAnswer {
-                index: p.index,
+                index: part.index,
                 code: codes::NONE,
                 message: None,
                 base: -1,
-                log_start: pid
-                    .and_then(|id| b.bounds(id))
-                    .map_or(-1, |(s, _)| s as i64),
+                log_start: -1,
                 waiting: 0,
             };
-            let refused = if req.transactional_id.is_some() {
-                Some((
-                    codes::INVALID_REQUEST,
-                    "transactions are not supported".into(),
-                ))
-            } else if !matches!(acks, -1..=1) {
-                Some((codes::INVALID_REQUIRED_ACKS, format!("acks={acks}")))
-            } else if let Some(pid) = pid {
-                let at = Place {
-                    conn,
-                    seq,
-                    topic: ti as u16,
-                    part: pi as u16,
-                    answered: acks != 0,
-                };
-                let records = p.records.unwrap_or_default();
-                start_partition(lp, pid, &records, &checks, at, &mut pa, &mut slot)
-            } else {
-                Some((
-                    codes::UNKNOWN_TOPIC_OR_PARTITION,
-                    format!("{}/{} does not exist", t.name.as_str(), p.index),
-                ))
+            let refused = match checking::outcome(part.state, faults) {
+                Err(refused) => Some(refused),
+                Ok((pid, batches)) => {
+                    pa.log_start = b.bounds(pid).map_or(-1, |(s, _)| s as i64);
+                    let at = Place {
+                        conn,
+                        seq,
+                        topic: ti as u16,
+                        part: pi as u16,
+                        answered: acks != 0,
+                    };
+                    start_partition(lp, pid, batches, at, &mut pa, &mut slot)
+                }
             };
             if let Some((code, what)) = refused {
-                tracing::debug!(topic = t.name.as_str(), partition = p.index, code, %what, "produce refused");
+                tracing::debug!(topic = name.as_str(), partition = part.index, code, %what, "produce refused");
                 refused_any = true;
                 pa.code = code;
                 pa.message = Some(what);
             }
-            parts.push(pa);
+            answers.push(pa);
         }
-        slot.topics.push((t.name, parts));
+        slot.topics.push((name, answers));
     }
     if acks == 0 {
         // No answer goes back, so a failure can only be told by closing the connection, as
@@ -236,7 +244,7 @@ pub(crate) fn produce(lp: &LoopCtx, conn: ConnRef, seq: u64, c: &Ctx, body: Byte
         // later closes it too: `Answer::Silent`.)
         if refused_any {
             tracing::info!(
-                client = %c.client_id,
+                client = %p.client_id,
                 "an acks=0 produce failed; closing the connection"
             );
             return Some(Slot::Ready(Outcome::Close));
@@ -256,23 +264,18 @@ struct Place {
     answered: bool,
 }
 
-/// Checks and queues a partition's batches in order; an error when one is refused (those before
+/// Queues a partition's checked batches in order; an error when one is refused (those before
 /// it are queued and still land, as Kafka's own partial appends do not exist: the client retries
 /// the partition, and idempotence answers the retry of the stored ones).
 fn start_partition(
     lp: &LoopCtx,
     pid: PartRef,
-    records: &Bytes,
-    checks: &Checks,
+    batches: Batches,
     at: Place,
     pa: &mut PartAnswer,
     slot: &mut ProduceSlot,
 ) -> Option<(i16, String)> {
     let b = &lp.broker;
-    let batches = match batch::split(records, checks) {
-        Ok(v) => v,
-        Err(f) => return Some((f.code, f.what)),
-    };
     if b.cfg.ceiling {
         // Checked like any batch, answered without the log: the bench's ceiling.
         pa.base = 0;
@@ -281,7 +284,7 @@ fn start_partition(
     if let Some(refused) = crate::produce::oversized(&batches, b.log_of(pid).max_payload()) {
         return Some(refused);
     }
-    for (i, (info, bytes)) in batches.into_iter().enumerate() {
+    for (i, (info, payload)) in batches.into_iter().enumerate() {
         let batch = i as u16;
         match b.producers().check(pid, &info) {
             Verdict::Refuse(code, what) => return Some((code, what)),
@@ -328,7 +331,6 @@ fn start_partition(
                     key: BatchKey::of(&info),
                     landing,
                 };
-                let payload = records.slice_ref(bytes);
                 lp.append(pid, payload, info.span(), answer, Some(hook));
             }
         }

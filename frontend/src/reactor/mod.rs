@@ -15,6 +15,8 @@
 //! kept in order in the same FIFO.
 
 mod bell;
+mod checker;
+mod checking;
 mod conn;
 mod driver;
 mod fast;
@@ -33,6 +35,7 @@ use nvmq_log::{Log, Writer};
 use crate::broker::{Broker, Config};
 use crate::FrontendError;
 use bell::LoopBell;
+pub use checker::CheckGate;
 
 /// How the front door is laid out.
 #[derive(Debug, Clone)]
@@ -51,6 +54,8 @@ pub struct ServerOptions {
     /// sleeps (0: it sleeps at once). Polling costs the core; a wake-up from sleep costs latency,
     /// much of it on a virtual machine.
     pub spin: Duration,
+    /// For tests: a gate the checks of large and compressed batches pass before they run.
+    pub check_gate: Option<CheckGate>,
 }
 
 impl Default for ServerOptions {
@@ -61,6 +66,7 @@ impl Default for ServerOptions {
             queue_capacity: 4096,
             append_budget: 64 << 20,
             spin: Duration::ZERO,
+            check_gate: None,
         }
     }
 }
@@ -88,6 +94,8 @@ pub(crate) struct ServerShared {
     pub opts: ServerOptions,
     /// Connections open and bytes held, against the broker's limits.
     pub limits: Arc<limits::Limits>,
+    /// Where the records of large and compressed batches are checked, off the loops.
+    pub checker: checker::CheckPool,
 }
 
 /// A running broker: its loops, and the state they share.
@@ -138,6 +146,7 @@ impl Server {
             killed: AtomicBool::new(false),
             opts: opts.clone(),
             limits: Arc::default(),
+            checker: checker::CheckPool::start(opts.check_gate.clone())?,
         });
         // Each writer goes to its loop; the logs (their handles) to the broker.
         let mut logs = Vec::new();

@@ -1,6 +1,8 @@
 #![allow(dead_code)] // each test binary uses its own part of these helpers
 //! An in-process broker over a sim device, on an ephemeral port.
 
+pub mod kafka_batches;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,11 +13,26 @@ use nvmq_log::{FormatOptions, Log, LogConfig};
 
 /// A formatted sim device on a real clock with a flush of `flush_us`.
 pub fn sim_device(seed: u64, capacity: u64, flush_us: u64) -> (SimDevice, SimHandle) {
+    sim_device_batches(seed, capacity, flush_us, 1 << 20)
+}
+
+/// `sim_device` formatted for log batches (and device transfers) of up to `max_batch` bytes.
+pub fn sim_device_batches(
+    seed: u64,
+    capacity: u64,
+    flush_us: u64,
+    max_batch: u32,
+) -> (SimDevice, SimHandle) {
     let mut c = SimConfig::new(seed, capacity);
     c.flush_latency = Latency::Fixed(Duration::from_micros(flush_us));
     c.clock = SimClock::real();
+    c.max_transfer = c.max_transfer.max(max_batch);
     let (mut dev, h) = SimDevice::new(c);
-    nvmq_log::mkfs::format(&mut dev, &FormatOptions::default()).expect("format");
+    let fo = FormatOptions {
+        max_batch,
+        ..FormatOptions::default()
+    };
+    nvmq_log::mkfs::format(&mut dev, &fo).expect("format");
     (dev, h)
 }
 
@@ -43,16 +60,30 @@ pub fn serve_devices(devs: Vec<SimDevice>, cfg: Config) -> Server {
 
 /// `serve_devices` with the logs' configuration `lc`.
 pub fn serve_devices_with(devs: Vec<SimDevice>, lc: LogConfig, cfg: Config) -> Server {
+    let opts = ServerOptions {
+        loops: 2,
+        ..ServerOptions::default()
+    };
+    serve_devices_opts(devs, lc, cfg, opts)
+}
+
+/// `serve_devices_with` with the loops laid out as `opts` say (unpinned, with the log's queue
+/// capacity).
+pub fn serve_devices_opts(
+    devs: Vec<SimDevice>,
+    lc: LogConfig,
+    cfg: Config,
+    opts: ServerOptions,
+) -> Server {
     let writers = devs
         .into_iter()
         .map(|d| recovery::open(d, lc.clone()).expect("open").0)
         .collect();
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let opts = ServerOptions {
-        loops: 2,
         pin: false,
         queue_capacity: lc.queue_capacity,
-        ..ServerOptions::default()
+        ..opts
     };
     Server::start(writers, l, cfg, opts).expect("server")
 }
