@@ -271,6 +271,7 @@ fn a_flush_failing_while_serve_starts_exits_with_status_5_too() {
             &[(common::FLUSH_FAIL_SEAM, &n.to_string())],
             Duration::from_secs(30),
         );
+        let _ = std::fs::remove_file(&copy);
         assert!(
             !r.stdout.contains("nvmq serving Kafka"),
             "with {n} flushes allowed serve started before a flush of its writer failed: {r}"
@@ -287,6 +288,7 @@ fn a_flush_failing_while_serve_starts_exits_with_status_5_too() {
                     .contains("exiting with status 5 so that recovery runs on restart"),
             "stderr names the device, the reason and the status: {r}"
         );
+        let _ = std::fs::remove_dir_all(&dir);
         return;
     }
     panic!("no count up to 8 failed a flush of the writer while serve started");
