@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use frontend::client::{record_batch, Client};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{FetchRequest, MetadataRequest, ProduceRequest, TopicName};
+use kafka_protocol::messages::{FetchRequest, ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 /// Flushes the device lets succeed before the failing one: the start and the topic's creation
@@ -66,15 +65,6 @@ fn produce(value: &[u8]) -> ProduceRequest {
     r.timeout_ms = 10_000;
     r.topic_data = vec![td];
     r
-}
-
-async fn create_topic(c: &mut Client) {
-    let mut m = MetadataRequest::default();
-    let mut mt = MetadataRequestTopic::default();
-    mt.name = Some(topic());
-    m.topics = Some(vec![mt]);
-    m.allow_auto_topic_creation = true;
-    c.call(8, &m).await.expect("metadata");
 }
 
 /// (error code, base offset) of a one-partition Produce answer.
@@ -155,7 +145,7 @@ fn stops_and_recovers(engine: &str) {
         let mut c = Client::connect(serve.kafka.as_str(), "writer-stop")
             .await
             .expect("connect");
-        create_topic(&mut c).await;
+        common::kafka::auto_create(&mut c, TOPIC).await;
         let start_flushes = serve.metric("nvmq_flushes_total");
         assert!(
             start_flushes + 10.0 < FAIL_AFTER as f64,

@@ -161,6 +161,8 @@ pub fn flip(p: &Path, offset: u64) {
     poke(p, offset, &[old ^ 0x40]);
 }
 
+pub mod hostile;
+pub mod kafka;
 mod serving;
 #[allow(unused_imports)] // Each test file uses its share.
 pub use serving::{metric, scrape, serve, serve_with, try_scrape, Serving};
