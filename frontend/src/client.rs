@@ -155,6 +155,32 @@ pub fn record_batch(values: &[&[u8]], producer: Option<(i64, i16, i32)>) -> Vec<
     b
 }
 
+/// A Produce, acks=all with a 30 s timeout, of one record holding `value` to each of partitions
+/// 0..`partitions` of `topic` (one batch, shared by all of them).
+pub fn produce_one_each(
+    topic: &str,
+    partitions: i32,
+    value: &[u8],
+) -> kafka_protocol::messages::ProduceRequest {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    let records = Bytes::from(record_batch(&[value], None));
+    let mut td = TopicProduceData::default();
+    td.name = kafka_protocol::messages::TopicName(StrBytes::from_string(topic.to_string()));
+    td.partition_data = (0..partitions)
+        .map(|i| {
+            let mut p = PartitionProduceData::default();
+            p.index = i;
+            p.records = Some(records.clone());
+            p
+        })
+        .collect();
+    let mut req = kafka_protocol::messages::ProduceRequest::default();
+    req.acks = -1;
+    req.timeout_ms = 30_000;
+    req.topic_data = vec![td];
+    req
+}
+
 /// Where a request frame (length, then header v1/v2) holds its correlation id: after the frame
 /// length, the API key and the API version.
 pub const CORRELATION_ID_AT: usize = 8;

@@ -133,6 +133,27 @@ async fn connections_past_the_per_address_limit_are_closed_at_once() {
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_pipelines_fetches_and_never_reads_is_bounded_then_closed() {
+    non_reader_bounded_then_closed(200, false).await;
+}
+
+/// The same when the answers must be read from the device (the records left the tail cache): a
+/// Fetch that is not answered at once costs nothing to start, so the budget must hold back
+/// making its answer, not only starting it (before: every one was read and queued, 320 MB).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_when_the_answers_come_from_the_device() {
+    non_reader_bounded_then_closed(50, true).await;
+}
+
+/// A client sends `fetches` Fetches of up to 50 MB of a 6.4 MB partition in one go and never
+/// reads; with `past_cache`, 40 MB written to another topic first push the partition out of the
+/// tail cache (32 MiB). The broker holds at most its budget and one answer for it, a normal
+/// client is still served, and the write timeout closes it.
+#[cfg(target_os = "linux")]
+async fn non_reader_bounded_then_closed(fetches: i32, past_cache: bool) {
+    // The RSS measured is the whole test process's: one such run at a time.
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _alone = ONE_AT_A_TIME.lock().await;
     let budget = 4usize << 20;
     let s = common::server_on(
         common::sim_device(2, 256 << 20, 200).0,
@@ -146,12 +167,15 @@ async fn a_client_that_pipelines_fetches_and_never_reads_is_bounded_then_closed(
     let mut normal = Client::connect(addr, "normal").await.unwrap();
     // 6.4 MB in the partition: every Fetch from offset 0 answers with all of it.
     fill(&mut normal, "big", 64, 100_000).await;
+    if past_cache {
+        fill(&mut normal, "push", 400, 100_000).await;
+    }
     let rss_before = status_kib("VmRSS:");
     let mut hog = TcpStream::connect(addr).await.unwrap();
-    // 200 Fetches of up to 50 MB each, sent in one go and never read: 1.3 GB of answers.
+    // Fetches of up to 50 MB each, sent in one go and never read.
     let mut frame = request_frame(11, &fetch("big", 50 << 20), 0, "hog").unwrap();
     let mut all = Vec::new();
-    for id in 0..200 {
+    for id in 0..fetches {
         set_correlation_id(&mut frame, id);
         all.extend_from_slice(&frame);
     }
@@ -162,11 +186,11 @@ async fn a_client_that_pipelines_fetches_and_never_reads_is_bounded_then_closed(
     println!(
         "a client that never reads: the broker holds {held} B for it; RSS grew {grew_mib} MiB"
     );
-    // It holds answers (it asked for 1.3 GB of them), but no more than the budget plus the one
-    // answer (6.4 MB here) started while under it, and the frames of its requests.
+    // It holds answers (it asked for up to 1.3 GB of them), but no more than the budget plus the
+    // one answer (6.4 MB here) started while under it, and the frames of its requests.
     assert!(
         held > 0,
-        "nothing held for a client with 200 Fetches unanswered"
+        "nothing held for a client with {fetches} Fetches unanswered"
     );
     assert!(held <= budget + (7 << 20), "held {held} B");
     assert!(grew_mib < 64, "RSS grew {grew_mib} MiB");

@@ -13,8 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice, SimHandle};
-use bytes::Bytes;
-use frontend::client::{record_batch, Client};
+use frontend::client::{produce_one_each, Client};
 use frontend::meta::MetaRecord;
 use frontend::{codes, Broker, Config, PartRef};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
@@ -22,10 +21,9 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     CreateTopicsRequest, DeleteTopicsRequest, GroupId, MetadataRequest, OffsetCommitRequest,
-    ProduceRequest, TopicName,
+    TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use nvmq_log::{FormatOptions, Log, LogConfig};
@@ -109,21 +107,7 @@ async fn delete(c: &mut Client, names: &[String]) -> Vec<i16> {
 
 /// One record to each of `partitions` partitions of `topic`, acks=all: the error codes.
 async fn produce(c: &mut Client, topic: &str, partitions: i32, value: &[u8]) -> Vec<i16> {
-    let records = Bytes::from(record_batch(&[value], None));
-    let mut td = TopicProduceData::default();
-    td.name = tname(topic);
-    td.partition_data = (0..partitions)
-        .map(|i| {
-            let mut p = PartitionProduceData::default();
-            p.index = i;
-            p.records = Some(records.clone());
-            p
-        })
-        .collect();
-    let mut req = ProduceRequest::default();
-    req.acks = -1;
-    req.timeout_ms = 30_000;
-    req.topic_data = vec![td];
+    let req = produce_one_each(topic, partitions, value);
     let resp = tokio::time::timeout(Duration::from_secs(30), c.call(7, &req))
         .await
         .expect("a Produce answered in 30 s (the writer stalled?)")

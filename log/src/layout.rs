@@ -140,6 +140,24 @@ impl Geometry {
     }
 }
 
+impl Geometry {
+    /// Everything a device must satisfy before a writer configured with `cfg` may run this log on
+    /// it: [`Geometry::check_device`] (blocks, maximum transfer) and then
+    /// [`Transfers::check_queue`] against the device's `queue_depth`. Open (recovery, before its
+    /// first write) and the writer run it; `nvmq inspect` and `verify` run it too, to say when
+    /// open would refuse, so that all of them judge a device alike.
+    pub fn check_for_writer(
+        &self,
+        info: &DeviceInfo,
+        queue_depth: usize,
+        cfg: &LogConfig,
+    ) -> Result<Transfers, LogError> {
+        let io = self.check_device(info)?;
+        io.check_queue(queue_depth, self, cfg)?;
+        Ok(io)
+    }
+}
+
 /// How the writer cuts what it writes and reads into device I/Os on the device it runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transfers {

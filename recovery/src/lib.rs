@@ -126,11 +126,12 @@ fn recover_for<D: BlockDevice + ?Sized>(
     let (choice, geo) = prepare(dev, &copies)?;
     let sb = choice.chosen;
     // Before the first write (the fence below): a device whose blocks outgrew the log's write
-    // unit, or that cannot transfer one, is refused untouched (`Geometry::check_device`).
-    let io = geo.check_device(dev.info())?;
-    if let Some(cfg) = writer {
-        io.check_queue(dev.queue_depth(), &geo, cfg)?;
-    }
+    // unit, or that cannot transfer one, or (for a writer) whose queue is too shallow, is
+    // refused untouched (`Geometry::check_for_writer`, which inspect and verify run too).
+    match writer {
+        Some(cfg) => geo.check_for_writer(dev.info(), dev.queue_depth(), cfg)?,
+        None => geo.check_device(dev.info())?,
+    };
 
     // 2–3. Scan from the recovery point, probe past the stop, decide.
     let scanned = scan::recover_scan(dev, &geo, &sb)?;

@@ -134,11 +134,15 @@ impl DeviceSpec {
                 engine,
                 flush_fds,
             } => {
-                let file_opts = FileOptions {
+                let reshape = crate::geometry_seam::Reshape::from_env()?;
+                let mut file_opts = FileOptions {
                     engine: engine.unwrap_or(file_opts.engine),
                     flush_descriptions: flush_fds.unwrap_or(file_opts.flush_descriptions),
                     ..file_opts
                 };
+                if let Some(r) = &reshape {
+                    file_opts = r.file_options(file_opts);
+                }
                 if file_opts.flush_descriptions > 1 {
                     tracing::warn!(
                         flush_fds = file_opts.flush_descriptions,
@@ -153,13 +157,13 @@ impl DeviceSpec {
                     }
                     let mut dev = FileDevice::create(p, size, file_opts, |d| init(d))
                         .with_context(|| format!("creating device file {}", p.display()))?;
-                    arm_fault_seam(&mut dev, p)?;
+                    arm_seams(&mut dev, p, reshape.as_ref())?;
                     return Ok(Box::new(dev));
                 }
                 let mut dev = FileDevice::open(p, file_opts)
                     .with_context(|| format!("opening device {}", p.display()))?;
                 init(&mut dev)?;
-                arm_fault_seam(&mut dev, p)?;
+                arm_seams(&mut dev, p, reshape.as_ref())?;
                 Ok(Box::new(dev))
             }
         }
@@ -176,8 +180,16 @@ pub const FAULT_FLUSH_FAIL_AFTER: &str = "NVMQ_FAULT_FLUSH_FAIL_AFTER";
 /// EIO, what the injected flush failure reports (the same number on Linux and macOS).
 const EIO: i32 = 5;
 
-/// Arms [`FAULT_FLUSH_FAIL_AFTER`] on a file device just opened, when it is set.
-fn arm_fault_seam(dev: &mut FileDevice, path: &std::path::Path) -> Result<()> {
+/// Arms the test seams on a file device just opened: the geometry of
+/// [`crate::geometry_seam::FAULT_GEOMETRY`] (`reshape`) and [`FAULT_FLUSH_FAIL_AFTER`], when set.
+fn arm_seams(
+    dev: &mut FileDevice,
+    path: &std::path::Path,
+    reshape: Option<&crate::geometry_seam::Reshape>,
+) -> Result<()> {
+    if let Some(r) = reshape {
+        r.apply(dev, path)?;
+    }
     let Some(v) = std::env::var_os(FAULT_FLUSH_FAIL_AFTER) else {
         return Ok(());
     };

@@ -5,7 +5,9 @@ use anyhow::Result;
 use blockdev::{BlockDevice, SyncIo};
 use indicatif::ProgressBar;
 use nvmq_log::format::{BatchHeader, HeaderFault, Superblock, SuperblockFault};
+use nvmq_log::layout::Geometry;
 use nvmq_log::mkfs::read_superblocks;
+use nvmq_log::LogConfig;
 use recovery::{Examination, RecoveryError};
 use serde::Serialize;
 
@@ -56,6 +58,26 @@ pub fn examine(dev: &mut Device, pb: &ProgressBar) -> Examined {
     let result = recovery::examine(dev);
     pb.set_length(pb.position().max(1));
     Examined { copies, result }
+}
+
+/// Why `nvmq serve` would refuse to open this log on this device, if it would: the device check
+/// open runs before it writes (`Geometry::check_for_writer`), for the writer serve runs (the
+/// default configuration). None when no superblock can be chosen (the examination says why).
+pub fn open_refusal(
+    dev: &Device,
+    copies: &[Result<Superblock, SuperblockFault>; 2],
+) -> Option<String> {
+    let sb = recovery::choose(copies).ok()?.chosen;
+    let info = dev.info();
+    let geo = Geometry::from_superblock(&sb, info.logical_block_size);
+    geo.check_for_writer(info, dev.queue_depth(), &LogConfig::default())
+        .err()
+        .map(|e| e.to_string())
+}
+
+/// The warning line inspect and verify print for [`open_refusal`].
+pub fn refusal_line(why: &str) -> String {
+    format!("WARNING              nvmq serve would refuse to open this log on this device: {why}")
 }
 
 /// Data records in the retained log, as the rebuilt index counts them.

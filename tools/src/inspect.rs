@@ -13,8 +13,10 @@ use crate::Status;
 #[command(
     after_help = "Example:\n  nvmq inspect --device file:/var/lib/nvmq/log.img --records\n\n\
 Read-only: the device is opened but never written or flushed.\n\
-Exit status: 0 shown; 1 error (missing or unformatted device); 3 damage found (a damaged \
-superblock pair or damage inside acknowledged data)."
+Exit status: 0 shown (also when it warns that serve would refuse this device: a block larger \
+than the log's write unit, a maximum transfer below it, a queue too shallow); 1 error (missing \
+or unformatted device); 3 damage found (a damaged superblock pair or damage inside \
+acknowledged data)."
 )]
 pub struct InspectArgs {
     /// The device: `file:<path>` (or a plain path). Repeat it for each device of a broker that
@@ -107,6 +109,9 @@ struct Report {
     error: Option<String>,
     /// Where damage was found, when it was.
     damage_position: Option<u64>,
+    /// Why `nvmq serve` would refuse to open the log on this device (its geometry does not fit
+    /// the log); None when it would open it.
+    open_refused: Option<String>,
     records: Option<Vec<RecordLine>>,
 }
 
@@ -129,6 +134,7 @@ fn run_one(a: &InspectArgs, device: &str) -> Result<Status> {
         partitions: Vec::new(),
         error: None,
         damage_position: None,
+        open_refused: examined::open_refusal(&dev, &ex.copies),
         records: None,
     };
     let status = match &ex.result {
@@ -284,6 +290,9 @@ fn print_human(r: &Report) {
             "durable through      {} (as the superblock records it)",
             b.durable_through
         );
+    }
+    if let Some(why) = &r.open_refused {
+        println!("{}", examined::refusal_line(why));
     }
     let Some(l) = &r.log else {
         if let Some(e) = &r.error {

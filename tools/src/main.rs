@@ -8,6 +8,7 @@ mod config;
 mod describe;
 mod devspec;
 mod examined;
+mod geometry_seam;
 mod inspect;
 mod kafka_bench;
 mod logging;
@@ -33,7 +34,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(name = "nvmq", version)]
 #[command(
-    after_help = "Exit status: 0 success; 1 error (bad input, device refused); 2 usage error; \
+    after_help = "Exit status: 0 success; 1 error (bad input, device refused, or by verify: a device serve \
+would refuse); 2 usage error; \
 3 damage found (inspect, verify); 4 storage judged broken (check-storage); 5 a device's \
 writer stopped after an I/O error (serve; restart it so that recovery runs).\n\
 Run `nvmq <command> --help` for each command's flags and examples."
@@ -93,12 +95,16 @@ pub enum Status {
     /// A device's writer stopped after a failed write or flush (serve): nothing more can be
     /// acknowledged until a restart runs recovery.
     WriterStopped,
+    /// The device does not fit the log (verify): serve would refuse to open it, as it refuses
+    /// any device it cannot use (status 1), even though the data checked out.
+    Refused,
 }
 
 impl Status {
     fn code(self) -> u8 {
         match self {
             Status::Ok => 0,
+            Status::Refused => 1,
             Status::Damage => 3,
             Status::Broken => 4,
             Status::WriterStopped => 5,

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use nvmq_log::{FlushMode, FormatOptions, Log, LogConfig};
+use nvmq_log::Shared;
+use nvmq_log::{FlushMode, FormatOptions, LogConfig};
 
 use crate::devspec::DeviceSpec;
 use crate::Status;
@@ -253,8 +254,21 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         queue_capacity: queue,
         ..frontend::ServerOptions::default()
     };
-    let server = frontend::Server::start(writers, listener, fcfg, opts)
-        .context("opening the broker state")?;
+    let shared: Vec<Arc<Shared>> = writers.iter().map(|w| w.shared()).collect();
+    let server = match frontend::Server::start(writers, listener, fcfg, opts) {
+        Ok(s) => s,
+        Err(e) => {
+            // A writer that stopped while the broker started (its replay, its startup records)
+            // is the failure a running broker exits 5 for, and its restart needs recovery as much.
+            if let Some((device, reason)) = first_stopped(&shared) {
+                tracing::error!(error = %e, "the broker could not start");
+                let name = args.device.get(device).map_or("?", String::as_str);
+                stop_after_writer_failure(None, device, name, &reason, args.writer_stop_grace);
+                return Ok(Status::WriterStopped);
+            }
+            return Err(e).context("opening the broker state");
+        }
+    };
     metrics.attach_front(server.front_probe());
     let st = server.broker().startup();
     println!(
@@ -279,12 +293,12 @@ pub fn run(args: ServeArgs) -> Result<Status> {
     let stopped = rt.block_on(async {
         tokio::select! {
             _ = stop_signal() => None,
-            s = writer_stopped(server.broker().logs()) => Some(s),
+            s = writer_stopped(server.broker().logs().iter().map(|l| l.shared().clone()).collect()) => Some(s),
         }
     });
     if let Some((device, reason)) = stopped {
         let name = args.device.get(device).map_or("?", String::as_str);
-        stop_after_writer_failure(server, device, name, &reason, args.writer_stop_grace);
+        stop_after_writer_failure(Some(server), device, name, &reason, args.writer_stop_grace);
         return Ok(Status::WriterStopped);
     }
     println!("stopping: signal received");
@@ -306,16 +320,22 @@ pub fn run(args: ServeArgs) -> Result<Status> {
 }
 
 /// The first device whose writer stopped, and why (checked every [`WATCH_EVERY`]).
-async fn writer_stopped(logs: &[Arc<Log>]) -> (usize, String) {
+async fn writer_stopped(shared: Vec<Arc<Shared>>) -> (usize, String) {
     let mut every = tokio::time::interval(WATCH_EVERY);
     loop {
         every.tick().await;
-        for (i, l) in logs.iter().enumerate() {
-            if let Some(reason) = l.fatal() {
-                return (i, reason);
-            }
+        if let Some(stopped) = first_stopped(&shared) {
+            return stopped;
         }
     }
+}
+
+/// The first device (by index) whose writer stopped, and why.
+fn first_stopped(shared: &[Arc<Shared>]) -> Option<(usize, String)> {
+    shared
+        .iter()
+        .enumerate()
+        .find_map(|(i, s)| s.lock().fatal.clone().map(|reason| (i, reason)))
 }
 
 /// PostgreSQL's rule for a failed fsync: the broker does not go on looking healthy. It says why,
@@ -323,9 +343,10 @@ async fn writer_stopped(logs: &[Arc<Log>]) -> (usize, String) {
 /// KAFKA_STORAGE_ERROR), closes its connections, and the caller exits non-zero so that the
 /// supervisor restarts it and recovery decides what the device holds. The stop is bounded by
 /// [`FAILED_STOP_BOUND`] whatever the clients do; /metrics keeps answering for `grace` after the
-/// failure was seen (its server lives until the process exits).
+/// failure was seen (its server lives until the process exits). `server` is None when the
+/// writer stopped while the broker started (which stopped what it had started).
 fn stop_after_writer_failure(
-    server: frontend::Server,
+    server: Option<frontend::Server>,
     device: usize,
     name: &str,
     reason: &str,
@@ -339,9 +360,16 @@ fn stop_after_writer_failure(
         reason,
         "writer for device {device} ({name}) stopped: {reason}; exiting with status {code} so that recovery runs on restart"
     );
+    if let Some(server) = server {
+        stop_bounded(server);
+    }
+    std::thread::sleep(grace.saturating_sub(seen.elapsed()));
+}
+
+/// Stops the broker on a thread of its own, so that a stop that hangs (a writer that never
+/// answers) cannot keep the process alive: past [`FAILED_STOP_BOUND`] it is left behind.
+fn stop_bounded(server: frontend::Server) {
     let (tx, rx) = std::sync::mpsc::channel();
-    // On a thread of its own, so that a stop that hangs (a writer that never answers) cannot
-    // keep the process alive: past the bound it is left behind and the process exits.
     let spawned = std::thread::Builder::new()
         .name("nvmq-stop".into())
         .spawn(move || {
@@ -360,7 +388,6 @@ fn stop_after_writer_failure(
         // drop), without the bound.
         Err(e) => tracing::warn!(error = %e, "cannot start a thread to stop the broker"),
     }
-    std::thread::sleep(grace.saturating_sub(seen.elapsed()));
 }
 
 /// SIGINT or SIGTERM.

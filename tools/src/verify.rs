@@ -22,8 +22,9 @@ Checks, from the head to the tail: both superblock copies, every batch header (c
 position, format id, hash chain, epoch) and every record (checksum, position, epoch). Never \
 writes or flushes.\n\
 Exit status: 0 no damage (a torn tail past the durable point is normal after a crash and is \
-reported); 1 error (missing or unformatted device); 3 damage inside acknowledged data or in both \
-superblocks, with positions."
+reported); 1 error (missing or unformatted device), or a device serve would refuse (a block \
+larger than the log's write unit, a maximum transfer below it, a queue too shallow: warned, \
+naming the sizes); 3 damage inside acknowledged data or in both superblocks, with positions."
 )]
 pub struct VerifyArgs {
     /// The device: `file:<path>` (or a plain path). Repeat it for each device of a broker that
@@ -57,6 +58,9 @@ struct Report {
     end: Option<Ending>,
     damage: Vec<Damage>,
     error: Option<String>,
+    /// Why `nvmq serve` would refuse to open the log on this device (its geometry does not fit
+    /// the log); None when it would open it. Set, verify exits 1 unless it found damage.
+    open_refused: Option<String>,
 }
 
 pub fn run(a: VerifyArgs) -> Result<Status> {
@@ -81,6 +85,7 @@ fn run_one(a: &VerifyArgs, device: &str) -> Result<Status> {
         end: None,
         damage: Vec::new(),
         error: None,
+        open_refused: examined::open_refusal(&dev, &ex.copies),
     };
     match &ex.result {
         Ok(e) => {
@@ -157,6 +162,8 @@ fn run_one(a: &VerifyArgs, device: &str) -> Result<Status> {
     }
     Ok(if report.verdict == "damage" {
         Status::Damage
+    } else if report.open_refused.is_some() {
+        Status::Refused
     } else {
         Status::Ok
     })
@@ -236,6 +243,9 @@ fn print_human(r: &Report) {
     for d in &r.damage {
         println!("DAMAGE at position {}: {}", d.position, d.what);
     }
+    if let Some(why) = &r.open_refused {
+        println!("{}", examined::refusal_line(why));
+    }
     match r.verdict {
         "damage" => {
             if r.damage.is_empty() {
@@ -247,6 +257,9 @@ fn print_human(r: &Report) {
                 "result               DAMAGED: the log will not open until this is resolved (nothing was changed)"
             )
         }
+        _ if r.open_refused.is_some() => println!(
+            "result               DEVICE REFUSED: the log checks out, but serve will not open it on this device (see the warning; nothing was changed)"
+        ),
         "torn-tail" => {
             println!("result               OK (torn tail past the durable point, no damage)")
         }

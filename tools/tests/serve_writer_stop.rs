@@ -7,18 +7,13 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use frontend::client::{record_batch, Client};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{FetchRequest, MetadataRequest, ProduceRequest, TopicName};
+use kafka_protocol::messages::{FetchRequest, ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 /// Flushes the device lets succeed before the failing one: the start and the topic's creation
@@ -30,131 +25,24 @@ const WRITER_STOPPED_STATUS: i32 = 5;
 const KAFKA_STORAGE_ERROR: i16 = 56;
 const TOPIC: &str = "stop";
 
-struct Serve {
-    child: Child,
-    kafka: String,
-    metrics: String,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Serve {
-    fn start(device: &str, fail_after: Option<u64>) -> Serve {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nvmq"));
-        cmd.args([
-            "serve",
+/// `nvmq serve` on `device` with metrics, the flush-failure seam armed when `fail_after` is set.
+fn start(device: &str, fail_after: Option<u64>) -> common::Serving {
+    let n = fail_after.map(|n| n.to_string());
+    let env: Vec<(&str, &str)> = n
+        .iter()
+        .map(|n| (common::FLUSH_FAIL_SEAM, n.as_str()))
+        .collect();
+    common::serve_with(
+        &[
             "--device",
             device,
             "--listen",
             "127.0.0.1:0",
             "--metrics-addr",
             "127.0.0.1:0",
-        ])
-        .env_remove("RUST_LOG")
-        .env_remove("NVMQ_LOG")
-        .env_remove("NVMQ_FAULT_FLUSH_FAIL_AFTER")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        if let Some(n) = fail_after {
-            cmd.env("NVMQ_FAULT_FLUSH_FAIL_AFTER", n.to_string());
-        }
-        let mut child = cmd.spawn().expect("start nvmq serve");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let err = child.stderr.take().expect("stderr");
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("[serve] {line}");
-                let mut s = sink.lock().unwrap_or_else(|e| e.into_inner());
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
-        let out = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let (mut kafka, mut metrics) = (None, None);
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                println!("[serve] {line}");
-                if let Some(a) = line.strip_prefix("metrics on http://") {
-                    metrics = a.strip_suffix("/metrics").map(str::to_string);
-                }
-                if let Some(a) = line.strip_prefix("nvmq serving Kafka on ") {
-                    kafka = a.split(' ').next().map(str::to_string);
-                }
-                if let (Some(k), Some(m)) = (kafka.take(), metrics.clone()) {
-                    let _ = tx.send((k, m));
-                }
-            }
-        });
-        let (kafka, metrics) = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("serve printed its Kafka and metrics addresses");
-        Serve {
-            child,
-            kafka,
-            metrics,
-            stderr,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Whether stderr shows every one of `needles` within a few seconds (its reader thread may
-    /// lag behind stdout's, or behind the process's exit).
-    fn stderr_shows(&self, needles: &[&str]) -> bool {
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            let err = self.stderr();
-            if needles.iter().all(|n| err.contains(n)) {
-                return true;
-            }
-            if Instant::now() >= until {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits for the process to end on its own, up to `bound`.
-    fn exit_within(&mut self, bound: Duration) -> Option<ExitStatus> {
-        let until = Instant::now() + bound;
-        while Instant::now() < until {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return Some(s);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn scrape(addr: &str) -> std::io::Result<String> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
-}
-
-fn value(body: &str, series: &str) -> f64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no {series} in:\n{body}"))
-        .parse()
-        .expect("a number")
+        ],
+        &env,
+    )
 }
 
 fn topic() -> TopicName {
@@ -177,15 +65,6 @@ fn produce(value: &[u8]) -> ProduceRequest {
     r.timeout_ms = 10_000;
     r.topic_data = vec![td];
     r
-}
-
-async fn create_topic(c: &mut Client) {
-    let mut m = MetadataRequest::default();
-    let mut mt = MetadataRequestTopic::default();
-    mt.name = Some(topic());
-    m.topics = Some(vec![mt]);
-    m.allow_auto_topic_creation = true;
-    c.call(8, &m).await.expect("metadata");
 }
 
 /// (error code, base offset) of a one-partition Produce answer.
@@ -254,7 +133,7 @@ fn stops_and_recovers(engine: &str) {
     let dir = common::temp_dir(&format!("writer-stop-{engine}"));
     let img = common::formatted(&dir);
     let device = format!("{},engine={engine}", common::spec(&img));
-    let mut serve = Serve::start(&device, Some(FAIL_AFTER));
+    let mut serve = start(&device, Some(FAIL_AFTER));
     assert!(
         serve.stderr_shows(&["FAULT INJECTION (NVMQ_FAULT_FLUSH_FAIL_AFTER)"]),
         "the armed seam is announced:\n{}",
@@ -266,9 +145,8 @@ fn stops_and_recovers(engine: &str) {
         let mut c = Client::connect(serve.kafka.as_str(), "writer-stop")
             .await
             .expect("connect");
-        create_topic(&mut c).await;
-        let body = scrape(&serve.metrics).expect("scrape at start");
-        let start_flushes = value(&body, "nvmq_flushes_total");
+        common::kafka::auto_create(&mut c, TOPIC).await;
+        let start_flushes = serve.metric("nvmq_flushes_total");
         assert!(
             start_flushes + 10.0 < FAIL_AFTER as f64,
             "the start took {start_flushes} flushes: raise FAIL_AFTER so that produces get acks first"
@@ -299,7 +177,8 @@ fn stops_and_recovers(engine: &str) {
     );
 
     // Before the process exits, a scrape says that the writer stopped, and why.
-    let body = scrape(&serve.metrics).expect("/metrics still answers right after the failure");
+    let metrics = serve.metrics.as_deref().expect("metrics address");
+    let body = common::try_scrape(metrics).expect("/metrics still answers right after the failure");
     let fatal = body
         .lines()
         .find(|l| l.starts_with("nvmq_writer_fatal{"))
@@ -343,7 +222,7 @@ fn stops_and_recovers(engine: &str) {
 
     // A restart without the seam recovers the log: every acknowledged record is there, and new
     // records are acknowledged.
-    let serve = Serve::start(&device, None);
+    let serve = start(&device, None);
     rt.block_on(async {
         let mut c = Client::connect(serve.kafka.as_str(), "after")
             .await
@@ -362,4 +241,45 @@ fn stops_and_recovers(engine: &str) {
         assert_eq!(code, 0, "a produce after the restart");
         assert!(offset > *acked.keys().last().unwrap_or(&-1));
     });
+}
+
+/// A writer that stops while serve starts (the broker replays its internal partitions and writes
+/// its startup records through the writers before it serves) is the same failure as one that
+/// stops later: status 5 and the same log line, so that the supervisor's restart runs recovery.
+#[test]
+fn a_flush_failing_while_serve_starts_exits_with_status_5_too() {
+    let dir = common::temp_dir("writer-stop-at-start");
+    let img = common::formatted(&dir);
+    // Recovery's own flushes come first (a failure there refuses the open before any writer
+    // runs); the smallest count past them fails the first flush of the writer, during the start.
+    for n in 0..8u64 {
+        let copy = dir.join(format!("try-{n}.img"));
+        std::fs::copy(&img, &copy).expect("copy the formatted log");
+        let device = common::spec(&copy);
+        let r = common::nvmq_with(
+            &["serve", "--device", &device, "--listen", "127.0.0.1:0"],
+            &[(common::FLUSH_FAIL_SEAM, &n.to_string())],
+            Duration::from_secs(30),
+        );
+        let _ = std::fs::remove_file(&copy);
+        assert!(
+            !r.stdout.contains("nvmq serving Kafka"),
+            "with {n} flushes allowed serve started before a flush of its writer failed: {r}"
+        );
+        if !r.stderr.contains("writer stopped") {
+            continue; // recovery refused the open: no writer ran yet
+        }
+        assert_eq!(r.code, WRITER_STOPPED_STATUS, "{n} flushes allowed: {r}");
+        let line = format!("writer for device 0 ({device}) stopped: device flush failed");
+        assert!(
+            r.stderr.contains(&line)
+                && r.stderr.contains("os error 5")
+                && r.stderr
+                    .contains("exiting with status 5 so that recovery runs on restart"),
+            "stderr names the device, the reason and the status: {r}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    panic!("no count up to 8 failed a flush of the writer while serve started");
 }

@@ -268,6 +268,43 @@ impl FileDevice {
         self.flushes.inject_after(after, errno);
     }
 
+    /// Test seam (`NVMQ_FAULT_GEOMETRY` in the `nvmq` binary): from now on the device reports
+    /// larger physical or file system blocks, or a smaller maximum transfer (which it then also
+    /// enforces), as the same file would on another drive or file system, so that a test can show
+    /// what open and the tools do on a device that does not fit a log. Only a less capable
+    /// geometry is taken, so that every I/O sent under it is one the file takes: a block that is
+    /// not a power of two of at least the logical block, or a transfer that is zero, not whole
+    /// logical blocks or beyond the device's own, is refused and nothing changes.
+    #[doc(hidden)]
+    pub fn report_geometry(
+        &mut self,
+        physical_block: Option<u32>,
+        fs_block: Option<u32>,
+        max_transfer: Option<u32>,
+    ) -> Result<(), String> {
+        let logical = self.info.logical_block_size;
+        let block = |b: u32| b.is_power_of_two() && b >= logical;
+        if !physical_block.into_iter().chain(fs_block).all(block) {
+            return Err(format!(
+                "a block size must be a power of two of at least the logical block ({logical} B)"
+            ));
+        }
+        if max_transfer
+            .is_some_and(|t| t == 0 || t > self.info.max_transfer || !t.is_multiple_of(logical))
+        {
+            return Err(format!(
+                "a maximum transfer must be whole logical blocks ({logical} B) up to the \
+                 device's own ({} B)",
+                self.info.max_transfer
+            ));
+        }
+        let i = &mut self.info;
+        i.physical_block_size = physical_block.unwrap_or(i.physical_block_size);
+        i.fs_block_size = fs_block.unwrap_or(i.fs_block_size);
+        i.max_transfer = max_transfer.unwrap_or(i.max_transfer);
+        Ok(())
+    }
+
     /// Test seam: the `fdatasync` of the next flush that `submit_flush` starts at once (not one
     /// that waits for a description, not a linked one) waits, in the engine, until the returned
     /// hold is released or dropped, so that a test can keep one flush running. Dropping the device

@@ -496,6 +496,15 @@ async fn serve(
             s.byte_wait = !room;
             room
         };
+        // A request not answered at once (a Fetch that reads the device, a long poll, an admin
+        // request) cost only its frame to start: its answer is made when the head slot's future
+        // is polled. So that answers held for a client that does not read stay bounded, it is
+        // polled only while the answers not yet sent stay under the connection's budget (and,
+        // with any unsent, the global figure under its budget); the client taking its answers
+        // (a write event) or the tick makes it look again.
+        let answering = unsent == 0
+            || (unsent < cfg.max_connection_bytes && limits.queued() < cfg.max_queued_bytes);
+        st.borrow_mut().byte_wait |= !answering;
         let reading = !eof
             && !waiting_budget
             && !checking.holds_back()
@@ -515,7 +524,11 @@ async fn serve(
             if checking.poll(cx) {
                 return Poll::Ready(Event::Woken);
             }
-            poll_event(cx, st, &mut stream, &mut input, &out, sent, reading)
+            let wants = Wants {
+                read: reading,
+                answer: answering,
+            };
+            poll_event(cx, st, &mut stream, &mut input, &out, sent, wants)
         })
         .await;
         match event {
@@ -602,10 +615,11 @@ fn drain(st: &Rc<RefCell<ConnState>>, out: &mut Vec<u8>) -> bool {
     }
 }
 
-/// Polls what the head slot waits for by itself (its answer's future, or the original of a
-/// duplicate batch); true when that moved.
-fn poll_head(front: &mut Slot, cx: &mut Context<'_>) -> bool {
+/// Polls what the head slot waits for by itself (its answer's future, when `answering`, or the
+/// original of a duplicate batch); true when that moved.
+fn poll_head(front: &mut Slot, cx: &mut Context<'_>, answering: bool) -> bool {
     match front {
+        Slot::Future(_) if !answering => false,
         Slot::Future(f) => match f.as_mut().poll(cx) {
             Poll::Ready(o) => {
                 *front = Slot::Ready(o);
@@ -618,6 +632,15 @@ fn poll_head(front: &mut Slot, cx: &mut Context<'_>) -> bool {
     }
 }
 
+/// What a connection waits for besides output progress and wakes.
+#[derive(Clone, Copy)]
+struct Wants {
+    /// More input (it has room to start requests).
+    read: bool,
+    /// The head slot's answer, from its future (its unsent answers leave room for one more).
+    answer: bool,
+}
+
 /// Waits for input, output progress, or a wake from the service task or the head answer.
 fn poll_event(
     cx: &mut Context<'_>,
@@ -626,7 +649,7 @@ fn poll_event(
     input: &mut BytesMut,
     out: &[u8],
     sent: usize,
-    reading: bool,
+    wants: Wants,
 ) -> Poll<Event> {
     {
         let mut s = st.borrow_mut();
@@ -635,7 +658,7 @@ fn poll_event(
             return Poll::Ready(Event::Woken);
         }
         if let Some((front, _)) = s.fifo.front_mut() {
-            if poll_head(front, cx) {
+            if poll_head(front, cx, wants.answer) {
                 return Poll::Ready(Event::Woken);
             }
         }
@@ -649,7 +672,7 @@ fn poll_event(
             return Poll::Ready(Event::Wrote(r));
         }
     }
-    if reading {
+    if wants.read {
         if let Poll::Ready(r) = tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, input) {
             return Poll::Ready(Event::Input(r));
         }

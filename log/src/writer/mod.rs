@@ -337,8 +337,7 @@ impl<D: BlockDevice> Writer<D> {
             ));
         }
         // Recovery made the same device checks before it wrote; this is for any other caller.
-        let io = geo.check_device(dev.info())?;
-        io.check_queue(dev.queue_depth(), &geo, &cfg)?;
+        let io = geo.check_for_writer(dev.info(), dev.queue_depth(), &cfg)?;
         let read_slots = dev.queue_depth().saturating_sub(io.writer_ios(&cfg));
         let (batch_bufs, io_bufs) = buffer_counts(&cfg, &io);
         let mut free_bufs = Vec::with_capacity(batch_bufs + io_bufs);

@@ -2,8 +2,9 @@
 #![allow(dead_code)] // Each test file uses its own share of these helpers.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use blockdev::file::{FileDevice, FileOptions};
 use nvmq_log::{Log, LogConfig};
@@ -35,17 +36,62 @@ impl std::fmt::Display for Run {
     }
 }
 
+/// The `nvmq` binary with `args`, in an environment without the log filters and the test seams
+/// (a caller adds those it wants).
+pub fn command(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nvmq"));
+    c.args(args);
+    for var in ["RUST_LOG", "NVMQ_LOG", FLUSH_FAIL_SEAM, GEOMETRY_SEAM] {
+        c.env_remove(var);
+    }
+    c
+}
+
+/// The file device's flush-failure seam (`tools/src/devspec.rs`).
+pub const FLUSH_FAIL_SEAM: &str = "NVMQ_FAULT_FLUSH_FAIL_AFTER";
+/// The file device's geometry seam (`tools/src/devspec.rs`).
+pub const GEOMETRY_SEAM: &str = "NVMQ_FAULT_GEOMETRY";
+
+/// Runs `nvmq <args>` to its end.
 pub fn nvmq(args: &[&str]) -> Run {
-    let out: Output = Command::new(env!("CARGO_BIN_EXE_nvmq"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .env_remove("NVMQ_LOG")
-        .output()
+    nvmq_with(args, &[], Duration::from_secs(600))
+}
+
+/// Runs `nvmq <args>` with `env` added, killed if it has not ended within `limit` (then `code`
+/// is -1).
+pub fn nvmq_with(args: &[&str], env: &[(&str, &str)], limit: Duration) -> Run {
+    use std::io::Read;
+    let mut child = command(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("the nvmq binary runs");
+    let drain = |mut from: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = Vec::new();
+            let _ = from.read_to_end(&mut s);
+            String::from_utf8_lossy(&s).into_owned()
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("stderr")));
+    let until = Instant::now() + limit;
+    let code = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st.code().unwrap_or(-1),
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break -1;
+            }
+        }
+    };
     Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        code,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
     }
 }
 
@@ -115,91 +161,8 @@ pub fn flip(p: &Path, offset: u64) {
     poke(p, offset, &[old ^ 0x40]);
 }
 
-/// `nvmq serve` running as a child, with the addresses it printed; killed when dropped.
-pub struct Serving {
-    pub child: std::process::Child,
-    pub kafka: String,
-    /// The metrics address, when `--metrics-addr` was given.
-    pub metrics: Option<String>,
-}
-
-/// Starts `nvmq serve <args>` (which should listen on port 0) and waits for it to print where it
-/// serves Kafka (and metrics, when `--metrics-addr` is among `args`).
-pub fn serve(args: &[&str]) -> Serving {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
-    let want_metrics = args.contains(&"--metrics-addr");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nvmq"))
-        .arg("serve")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start nvmq serve");
-    let out = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let (mut kafka, mut metrics) = (None, None);
-        let mut sent = false;
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if let Some(a) = line.strip_prefix("metrics on http://") {
-                metrics = a.strip_suffix("/metrics").map(str::to_string);
-            }
-            if let Some(a) = line.strip_prefix("nvmq serving Kafka on ") {
-                kafka = a.split(' ').next().map(str::to_string);
-            }
-            if !sent && kafka.is_some() && (metrics.is_some() || !want_metrics) {
-                let _ = tx.send((kafka.clone(), metrics.clone()));
-                sent = true;
-            }
-        }
-    });
-    let (kafka, metrics) = rx
-        .recv_timeout(std::time::Duration::from_secs(60))
-        .expect("serve printed its addresses");
-    Serving {
-        child,
-        kafka: kafka.expect("a Kafka address"),
-        metrics,
-    }
-}
-
-impl Serving {
-    /// A field of the server's /proc status in KiB (e.g. "VmRSS:", "VmHWM:"); 0 if unknown.
-    pub fn status_kib(&self, field: &str) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default()
-            .lines()
-            .find(|l| l.starts_with(field))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// One Prometheus scrape of `addr`'s /metrics, HTTP head included.
-pub fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to /metrics");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .expect("send the scrape");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read the scrape");
-    out
-}
-
-/// The value of an unlabelled series in a scrape.
-pub fn metric(body: &str, series: &str) -> f64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no {series} in:\n{body}"))
-        .parse()
-        .expect("a number")
-}
+pub mod hostile;
+pub mod kafka;
+mod serving;
+#[allow(unused_imports)] // Each test file uses its share.
+pub use serving::{metric, scrape, serve, serve_with, try_scrape, Serving};
