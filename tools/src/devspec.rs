@@ -393,6 +393,16 @@ pub fn parse_size(v: &str) -> Result<u64> {
         .ok_or_else(|| anyhow!("size {v:?} overflows"))
 }
 
+/// A size flag that bounds something (a frame, a budget, a batch): zero would refuse everything,
+/// and the value must fit this machine's memory addresses.
+pub fn parse_positive_size(v: &str) -> Result<usize> {
+    let n = parse_size(v)?;
+    if n == 0 {
+        bail!("size {v:?} must be positive");
+    }
+    usize::try_from(n).map_err(|_| anyhow!("size {v:?} is too large for this machine"))
+}
+
 /// `250us`, `4.4ms`, `2s`, `10min`, `6h`, `1d`, `100` (milliseconds).
 pub fn parse_duration(v: &str) -> Result<Duration> {
     let t = v.trim();

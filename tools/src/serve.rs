@@ -21,6 +21,10 @@ const WATCH_EVERY: Duration = Duration::from_millis(50);
 /// (recovery at the next start makes up for whatever it did not finish).
 const FAILED_STOP_BOUND: Duration = Duration::from_secs(5);
 
+/// The longest `--writer-stop-grace`: a broker whose writer stopped only keeps /metrics up, so a
+/// longer wait only delays the restart that recovers it.
+const MAX_WRITER_STOP_GRACE: Duration = Duration::from_secs(600);
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
@@ -39,8 +43,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = DEFAULT_DEVICE, action = clap::ArgAction::Append)]
     pub device: Vec<String>,
     /// Size of a device file created on first start.
-    #[arg(long, default_value = "1G")]
-    pub size: String,
+    #[arg(long, value_parser = crate::devspec::parse_size, default_value = "1G")]
+    pub size: u64,
     /// always (ack after the covering flush), interval:<ms>, never.
     #[arg(long, default_value = "always")]
     pub flush: String,
@@ -51,19 +55,19 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_auto_create: bool,
     /// Largest request frame accepted.
-    #[arg(long, default_value = "8M")]
-    pub max_frame: String,
+    #[arg(long, value_parser = crate::devspec::parse_positive_size, default_value = "8M")]
+    pub max_frame: usize,
     /// Bytes one connection may hold (requests read and not yet answered, answers not yet
     /// sent); past it the connection reads nothing more until its client reads its answers.
-    #[arg(long, default_value = "64M")]
-    pub max_connection_bytes: String,
+    #[arg(long, value_parser = crate::devspec::parse_positive_size, default_value = "64M")]
+    pub max_connection_bytes: usize,
     /// The same over all connections (Kafka's queued.max.request.bytes): past it only
     /// connections holding nothing start a request, past twice it none.
-    #[arg(long, default_value = "256M")]
-    pub max_queued_bytes: String,
+    #[arg(long, value_parser = crate::devspec::parse_positive_size, default_value = "256M")]
+    pub max_queued_bytes: usize,
     /// Largest Fetch answer, whatever the client asks (Kafka's fetch.max.bytes).
-    #[arg(long, default_value = "32M")]
-    pub fetch_max_bytes: String,
+    #[arg(long, value_parser = crate::devspec::parse_positive_size, default_value = "32M")]
+    pub fetch_max_bytes: usize,
     /// Connections open at once; one more is closed at once.
     #[arg(long, default_value_t = 16_384)]
     pub max_connections: usize,
@@ -76,8 +80,8 @@ pub struct ServeArgs {
     /// Largest number of bytes the records of one compressed batch may decompress to: they
     /// are decompressed (as a stream) to be counted and checked, and a batch yielding more is
     /// refused with MESSAGE_TOO_LARGE. Bounds what a decompression bomb costs.
-    #[arg(long, default_value = "16M")]
-    pub max_uncompressed_batch: String,
+    #[arg(long, value_parser = crate::devspec::parse_positive_size, default_value = "16M")]
+    pub max_uncompressed_batch: usize,
     /// An idempotent producer not seen for this long is forgotten, in memory and in the
     /// snapshots (Kafka's producer.id.expiration.ms); a later batch of it counts as from a new
     /// producer.
@@ -104,7 +108,8 @@ pub struct ServeArgs {
     pub metrics_addr: Option<String>,
     /// After a device's writer stops (a failed write or flush), how long /metrics keeps
     /// answering before the process exits with status 5; Kafka connections are answered and
-    /// closed at once. Raise it to your scrape interval to have the failure scraped.
+    /// closed at once. Raise it to your scrape interval to have the failure scraped (at most
+    /// 10m).
     #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "2s")]
     pub writer_stop_grace: Duration,
 }
@@ -118,29 +123,25 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         .iter()
         .map(|d| d.parse())
         .collect::<Result<_>>()?;
-    let size = crate::devspec::parse_size(&args.size)?;
-    let max_frame = crate::devspec::parse_size(&args.max_frame)?;
-    // Each bounds what connections hold: zero would let no request start at all.
-    let size_flag = |flag: &str, v: &str| -> Result<usize> {
-        let n = crate::devspec::parse_size(v).with_context(|| format!("--{flag} {v:?}"))?;
-        if n == 0 {
-            bail!("--{flag} must be positive");
-        }
-        usize::try_from(n).map_err(|_| anyhow!("--{flag} {v:?}: too large"))
-    };
+    let size = args.size;
+    let max_frame = args.max_frame;
     if args.write_timeout.is_zero() {
         bail!("--write-timeout must be positive (zero would close every connection with an answer to send)");
     }
-    let max_connection_bytes = size_flag("max-connection-bytes", &args.max_connection_bytes)?;
-    let max_queued_bytes = size_flag("max-queued-bytes", &args.max_queued_bytes)?;
-    let fetch_max_bytes = size_flag("fetch-max-bytes", &args.fetch_max_bytes)?;
+    if args.writer_stop_grace > MAX_WRITER_STOP_GRACE {
+        bail!(
+            "--writer-stop-grace {:?} is longer than {} min: after a writer stops the broker serves nothing, and a supervisor restarts it (and recovery runs) only once it exits",
+            args.writer_stop_grace,
+            MAX_WRITER_STOP_GRACE.as_secs() / 60
+        );
+    }
+    let max_connection_bytes = args.max_connection_bytes;
+    let max_queued_bytes = args.max_queued_bytes;
+    let fetch_max_bytes = args.fetch_max_bytes;
     if args.max_connections == 0 || args.max_connections_per_ip == 0 {
         bail!("--max-connections and --max-connections-per-ip must be at least 1");
     }
-    let max_uncompressed = crate::devspec::parse_size(&args.max_uncompressed_batch)?;
-    if max_uncompressed == 0 {
-        bail!("--max-uncompressed-batch must be positive (it bounds every compressed batch)");
-    }
+    let max_uncompressed = args.max_uncompressed_batch;
     let flush: FlushMode = args.flush.parse().map_err(|e: String| anyhow!(e))?;
     if args.default_partitions == 0 {
         bail!("--default-partitions must be at least 1");
@@ -234,8 +235,8 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         advertise_port: port,
         auto_create_topics: !args.no_auto_create,
         default_partitions: args.default_partitions,
-        max_frame: usize::try_from(max_frame).unwrap_or(usize::MAX),
-        max_uncompressed_batch: usize::try_from(max_uncompressed).unwrap_or(usize::MAX),
+        max_frame,
+        max_uncompressed_batch: max_uncompressed,
         producer_id_expiration: args.producer_id_expiration,
         ceiling: args.ceiling,
         max_connection_bytes,

@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 
 #[test]
@@ -367,4 +369,39 @@ fn the_file_engine_is_chosen_in_the_device_spec_and_reported() {
         r.stderr.contains("flush_fds=\"0\"") && r.stderr.contains("from 1 to 64"),
         "{r}"
     );
+}
+
+/// Size flags are typed: a value that is not a size, zero, or too large is refused when the
+/// flags are read, naming the flag (before, `--max-frame 0` was taken and no request could ever
+/// be read); a grace after a writer stop longer than ten minutes is refused, naming the limit.
+#[test]
+fn serve_refuses_bad_sizes_and_an_endless_writer_stop_grace_naming_the_flag() {
+    let cases: [(&[&str], &[&str]); 5] = [
+        (&["--max-frame", "0"], &["--max-frame", "must be positive"]),
+        (
+            &["--max-connection-bytes", "12 parsecs"],
+            &["--max-connection-bytes", "12 parsecs"],
+        ),
+        (
+            &["--fetch-max-bytes", "0"],
+            &["--fetch-max-bytes", "must be positive"],
+        ),
+        (
+            &["--max-uncompressed-batch", "99999999999T"],
+            &["--max-uncompressed-batch"],
+        ),
+        (
+            &["--writer-stop-grace", "1d"],
+            &["--writer-stop-grace", "10 min"],
+        ),
+    ];
+    for (flags, wants) in cases {
+        let mut args = vec!["serve", "--device", "sim", "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(flags);
+        let r = nvmq_with(&args, &[], Duration::from_secs(30));
+        assert!(r.code > 0, "{flags:?} was accepted: {r}");
+        for w in wants {
+            assert!(r.stderr.contains(w), "{flags:?}: missing {w:?}: {r}");
+        }
+    }
 }
