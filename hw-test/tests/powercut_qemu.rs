@@ -55,6 +55,8 @@ impl QemuSwitch {
                 nvme,
                 "--listen",
                 listen.as_str(),
+                // The guest's port is reached only through QEMU's user network from the host.
+                "--insecure-network",
                 "--advertise",
                 advertise.as_str(),
             ],

@@ -30,6 +30,11 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, default_value = "127.0.0.1:9092")]
     pub listen: String,
+    /// Listen on an address other than loopback although nvmq has no TLS, SASL or ACLs yet:
+    /// anyone who reaches the port can read, write and delete every topic. Without it, a
+    /// non-loopback --listen is refused.
+    #[arg(long)]
+    pub insecure_network: bool,
     /// host:port clients are told to connect to (Metadata, FindCoordinator); defaults to the
     /// listening address.
     #[arg(long)]
@@ -150,6 +155,13 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         .listen
         .parse()
         .with_context(|| format!("--listen {:?}: expected host:port", args.listen))?;
+    // Safe by default: with no authentication, only this host may connect unless the operator
+    // says otherwise in so many words.
+    if !listen.ip().is_loopback() && !args.insecure_network {
+        bail!(
+            "--listen {listen}: not a loopback address, and nvmq has no TLS, SASL or ACLs yet (anyone who reaches the port could read, write and delete every topic); listen on 127.0.0.1, or pass --insecure-network on a trusted network"
+        );
+    }
     let cfg = LogConfig {
         flush,
         ..LogConfig::default()

@@ -405,3 +405,36 @@ fn serve_refuses_bad_sizes_and_an_endless_writer_stop_grace_naming_the_flag() {
         }
     }
 }
+
+/// Safe by default (nvmq has no TLS, SASL or ACLs yet): a non-loopback --listen is refused,
+/// naming the flag that allows it; with that flag the broker starts on the address.
+#[test]
+fn serve_listens_beyond_loopback_only_when_told_the_network_is_trusted() {
+    let r = nvmq_with(
+        &["serve", "--device", "sim", "--listen", "0.0.0.0:0"],
+        &[],
+        Duration::from_secs(30),
+    );
+    assert!(r.code > 0, "a non-loopback listen was accepted: {r}");
+    for w in ["0.0.0.0:0", "not a loopback address", "--insecure-network"] {
+        assert!(r.stderr.contains(w), "missing {w:?}: {r}");
+    }
+    // Told so, it serves (and is stopped by the time limit).
+    let r = nvmq_with(
+        &[
+            "serve",
+            "--device",
+            "sim",
+            "--listen",
+            "0.0.0.0:0",
+            "--insecure-network",
+        ],
+        &[],
+        Duration::from_secs(5),
+    );
+    assert_eq!(r.code, -1, "serve ended by itself: {r}");
+    assert!(
+        format!("{}{}", r.stdout, r.stderr).contains("serving Kafka on 0.0.0.0:"),
+        "{r}"
+    );
+}
