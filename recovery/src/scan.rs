@@ -370,8 +370,23 @@ enum Checkpoint {
 impl Checkpoint {
     /// Adds the part a checkpoint batch holds; the parts must come in order, from 0.
     fn add_part(&mut self, recs: &[RecordRef<'_>]) -> Result<(), String> {
-        let Some(r) = recs.first() else {
-            return Err("a checkpoint batch without a record".into());
+        // The writer puts exactly one checkpoint record in a checkpoint batch: anything else
+        // (another kind, a second record) is not ours, so it is refused rather than passed over.
+        let r = match recs {
+            [r] if r.header.kind == RecordKind::Checkpoint => r,
+            [] => return Err("a checkpoint batch without a record".into()),
+            [r] => {
+                return Err(format!(
+                    "a checkpoint batch holding a {:?} record",
+                    r.header.kind
+                ))
+            }
+            more => {
+                return Err(format!(
+                    "a checkpoint batch holding {} records, not one",
+                    more.len()
+                ))
+            }
         };
         let continues = match r.header.partition {
             0 => false,
