@@ -199,15 +199,9 @@ impl Log {
 
     /// Creates a partition (durably) and returns its id.
     pub fn create_partition(&self, topic: &str, index: u32) -> Result<u32, LogError> {
-        let (tx, rx) = bounded(1);
-        self.send(Request::CreatePartition {
-            topic: topic.to_string(),
-            index,
-            ack: Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        })?;
-        Ok(rx.recv().map_err(|_| LogError::Shutdown)??.partition)
+        self.create_partitions(topic, &[index])?
+            .pop()
+            .unwrap_or(Err(LogError::Shutdown))
     }
 
     /// Creates the partitions `indexes` of `topic` (durably); each one's id, or why it was

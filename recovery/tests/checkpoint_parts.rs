@@ -14,12 +14,14 @@ use std::time::Duration;
 
 use blockdev::sim::{Latency, Rng, SimClock, SimConfig, SimDevice, SimHandle};
 use blockdev::BlockDevice;
-use nvmq_log::{read_with, Appended, FormatOptions, LogConfig, LogError, Now, Request, Writer};
+use nvmq_log::{read_with, Appended, FormatOptions, LogConfig, LogError, Request, Writer};
+
+mod stepped;
+use stepped::{drive, now, stepped_read};
 
 const KIB: u64 = 1 << 10;
 
 type Answers = Arc<Mutex<Vec<(Op, Result<Appended, LogError>)>>>;
-type ReadSlot = Arc<Mutex<Vec<Result<Vec<u8>, LogError>>>>;
 
 /// What an answer was for.
 #[derive(Clone, Debug)]
@@ -44,51 +46,6 @@ struct Truth {
     /// Payloads sent and not answered, per partition: the only records that may show up
     /// unacknowledged.
     sent: HashMap<u32, HashSet<Vec<u8>>>,
-}
-
-fn now(clock: &SimClock) -> Now {
-    let ns = clock.now_nanos();
-    Now {
-        mono_ns: ns,
-        wall_ms: 1_700_000_000_000 + ns / 1_000_000,
-    }
-}
-
-fn drive<D: BlockDevice>(
-    clock: &SimClock,
-    w: &mut Writer<D>,
-    mut done: impl FnMut(&Writer<D>) -> bool,
-) {
-    for _ in 0..200_000 {
-        if done(w) || w.fatal().is_some() {
-            return;
-        }
-        if !w.step(now(clock)) {
-            if w.has_io_in_flight() {
-                w.wait_device(Duration::from_millis(10));
-            } else {
-                clock.advance(Duration::from_millis(1));
-            }
-        }
-    }
-}
-
-fn stepped_read<D: BlockDevice>(
-    clock: &SimClock,
-    w: &mut Writer<D>,
-    position: u64,
-    len: u64,
-) -> Result<Vec<u8>, LogError> {
-    let slot: ReadSlot = Arc::default();
-    let s2 = slot.clone();
-    w.submit(Request::Read {
-        position,
-        len,
-        reply: Box::new(move |r| s2.lock().unwrap().push(r)),
-    });
-    drive(clock, w, |_| !slot.lock().unwrap().is_empty());
-    let r = slot.lock().unwrap().pop();
-    r.unwrap_or(Err(LogError::Shutdown))
 }
 
 fn name(i: u64) -> String {
@@ -243,7 +200,7 @@ impl Run {
             while at < end {
                 let clock = self.clock.clone();
                 let recs = match read_with(&shared, &geo, id, at, 64 << 10, |p, l| {
-                    stepped_read(&clock, w, p, l)
+                    stepped_read(w, &clock, p, l)
                 }) {
                     Ok(recs) => recs,
                     // The writer, stepped to serve the reads, wrote a checkpoint and freed the
@@ -353,7 +310,7 @@ fn run(seed: u64, cuts: u64) -> Result<(u64, u64), String> {
     for cut in 0..cuts {
         let (mut w, _) =
             recovery::open(dev, r.cfg.clone()).map_err(|e| r.fail(cut, format!("open: {e}")))?;
-        w.backfill_with(|w, p, l| stepped_read(&clock, w, p, l));
+        w.backfill_with(|w, p, l| stepped_read(w, &clock, p, l));
         r.verify(&mut w, cut)?;
         if cut == 0 {
             // 400 partitions: a checkpoint of five batches and more.
@@ -363,7 +320,9 @@ fn run(seed: u64, cuts: u64) -> Result<(u64, u64), String> {
                 r.submit(&mut w, Op::Create { name: n });
             }
             let answers = r.answers.clone();
-            drive(&clock, &mut w, |_| answers.lock().unwrap().len() == 400);
+            drive(&mut w, &clock, 200_000, |_| {
+                answers.lock().unwrap().len() == 400
+            });
             r.take_answers().map_err(|e| r.fail(cut, e))?;
         }
         // Load until the cut: right after a random batch of a checkpoint (while its last is
@@ -435,7 +394,7 @@ fn run(seed: u64, cuts: u64) -> Result<(u64, u64), String> {
     // The last cut is checked like the others.
     let (mut w, _) =
         recovery::open(dev, r.cfg.clone()).map_err(|e| r.fail(cuts, format!("open: {e}")))?;
-    w.backfill_with(|w, p, l| stepped_read(&clock, w, p, l));
+    w.backfill_with(|w, p, l| stepped_read(w, &clock, p, l));
     r.verify(&mut w, cuts)?;
     Ok((r.cuts_inside, multi))
 }

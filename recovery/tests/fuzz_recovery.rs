@@ -33,7 +33,7 @@ use proptest::prelude::*;
 mod fuzz_common;
 mod stepped;
 use fuzz_common::{cases, config, FORMAT_ID};
-use stepped::step_once;
+use stepped::{step_once, stepped_read};
 
 // ---------------------------------------------------------------------------------------------
 // Geometry of the logs the mutation test damages: small, so that the ring wraps in a few eras.
@@ -74,9 +74,6 @@ fn log_config(retain_bytes: Option<u64>) -> LogConfig {
     }
 }
 
-type RawRead = Result<Vec<u8>, LogError>;
-
-/// One `read_with` call through the stepped writer.
 /// Steps the writer until `done` holds (or `limit` steps), moving virtual time while it waits.
 fn drive<D: BlockDevice>(
     w: &mut Writer<D>,
@@ -87,6 +84,7 @@ fn drive<D: BlockDevice>(
     stepped::drive(w, clock, limit, |_| done());
 }
 
+/// One `read_with` call through the stepped writer.
 fn read_once<D: BlockDevice>(
     w: &mut Writer<D>,
     clock: &SimClock,
@@ -97,25 +95,6 @@ fn read_once<D: BlockDevice>(
     let geo = w.geometry();
     let mut raw = |position: u64, len: u64| stepped_read(w, clock, position, len);
     read_with(&shared, &geo, partition, offset, 16 << 10, &mut raw)
-}
-
-/// Raw log bytes through the stepped writer.
-fn stepped_read<D: BlockDevice>(
-    w: &mut Writer<D>,
-    clock: &SimClock,
-    position: u64,
-    len: u64,
-) -> RawRead {
-    let slot: Arc<Mutex<Option<RawRead>>> = Arc::default();
-    let s2 = slot.clone();
-    w.submit(Request::Read {
-        position,
-        len,
-        reply: Box::new(move |r| *s2.lock().unwrap() = Some(r)),
-    });
-    drive(w, clock, 20_000, || slot.lock().unwrap().is_some());
-    let r = slot.lock().unwrap().take();
-    r.unwrap_or(Err(LogError::Shutdown))
 }
 
 /// Opens and, as `Log::start` would in the background, rebuilds the index below the recovery

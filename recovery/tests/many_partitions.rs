@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice, SimHandle};
 use blockdev::BlockDevice;
-use nvmq_log::{
-    Appended, FormatOptions, Log, LogConfig, LogError, Now, Request, Writer, STALL_WAIT,
-};
+use nvmq_log::{Appended, FormatOptions, Log, LogConfig, LogError, Request, Writer, STALL_WAIT};
+
+mod stepped;
+use stepped::drive_for;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -277,37 +278,6 @@ fn creating_past_the_registry_budget_is_refused_with_a_clear_error() {
     log.shutdown();
 }
 
-fn now(clock: &SimClock) -> Now {
-    let ns = clock.now_nanos();
-    Now {
-        mono_ns: ns,
-        wall_ms: 1_700_000_000_000 + ns / 1_000_000,
-    }
-}
-
-/// Steps the writer until `done` holds, for at most `limit` of virtual time.
-fn drive<D: BlockDevice>(
-    clock: &SimClock,
-    w: &mut Writer<D>,
-    limit: Duration,
-    mut done: impl FnMut(&Writer<D>) -> bool,
-) -> bool {
-    let until = clock.now_nanos() + limit.as_nanos() as u64;
-    while clock.now_nanos() < until {
-        if done(w) {
-            return true;
-        }
-        if !w.step(now(clock)) {
-            if w.has_io_in_flight() {
-                w.wait_device(Duration::from_millis(10));
-            } else {
-                clock.advance(Duration::from_millis(1));
-            }
-        }
-    }
-    done(w)
-}
-
 type Answers = Arc<Mutex<Vec<Result<Appended, LogError>>>>;
 
 fn submit_append<D: BlockDevice>(w: &mut Writer<D>, partition: u32, answers: &Answers) {
@@ -351,10 +321,9 @@ fn stalled_writer(stall_wait: Duration) -> (Writer<SimDevice>, SimClock, u32) {
         index: 0,
         ack: Box::new(move |r| created.lock().unwrap().push(r)),
     });
-    assert!(drive(&clock, &mut w, Duration::from_secs(5), |_| !answers
-        .lock()
-        .unwrap()
-        .is_empty()));
+    assert!(drive_for(&mut w, &clock, Duration::from_secs(5), |_| {
+        !answers.lock().unwrap().is_empty()
+    }));
     let id = answers.lock().unwrap()[0]
         .clone()
         .expect("created")
@@ -363,7 +332,7 @@ fn stalled_writer(stall_wait: Duration) -> (Writer<SimDevice>, SimClock, u32) {
     for _ in 0..128 {
         submit_append(&mut w, id, &answers);
     }
-    assert!(drive(&clock, &mut w, Duration::from_secs(5), |w| w.is_idle()));
+    assert!(drive_for(&mut w, &clock, Duration::from_secs(5), |w| w.is_idle()));
     drop(w);
     h.power_cut();
     let (mut w, report) = recovery::open(h.power_on(), cfg).expect("reopen");
@@ -387,7 +356,7 @@ fn appends_the_writer_cannot_write_fail_naming_why_and_a_closing_writer_stops() 
     }
     let answered = |answers: &Answers| answers.lock().unwrap().len() == 256;
     assert!(
-        drive(&clock, &mut w, Duration::from_secs(30), |_| answered(
+        drive_for(&mut w, &clock, Duration::from_secs(30), |_| answered(
             &answers
         )),
         "{} of 256 appends answered in 30 s",
@@ -416,7 +385,7 @@ fn appends_the_writer_cannot_write_fail_naming_why_and_a_closing_writer_stops() 
     }
     w.close();
     assert!(
-        drive(&clock, &mut w, Duration::from_secs(30), |w| w.is_idle()),
+        drive_for(&mut w, &clock, Duration::from_secs(30), |w| w.is_idle()),
         "the closing writer did not become idle"
     );
     let more = more.lock().unwrap();

@@ -1,10 +1,12 @@
 //! The stepped writer on a virtual clock, as the deterministic tests drive it.
+#![allow(dead_code)] // each test binary uses its own part of these helpers
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blockdev::sim::SimClock;
 use blockdev::BlockDevice;
-use nvmq_log::{Now, Writer};
+use nvmq_log::{LogError, Now, Request, Writer};
 
 /// The writer's notion of now on the virtual clock (wall time from a fixed epoch).
 pub fn now(clock: &SimClock) -> Now {
@@ -31,6 +33,23 @@ pub fn drive<D: BlockDevice>(
     }
 }
 
+/// Steps the writer until `done` holds, for at most `limit` of virtual time; whether it held.
+pub fn drive_for<D: BlockDevice>(
+    w: &mut Writer<D>,
+    clock: &SimClock,
+    limit: Duration,
+    mut done: impl FnMut(&Writer<D>) -> bool,
+) -> bool {
+    let until = clock.now_nanos() + limit.as_nanos() as u64;
+    while clock.now_nanos() < until {
+        if done(w) {
+            return true;
+        }
+        step_once(w, clock);
+    }
+    done(w)
+}
+
 /// One step; if it moved nothing, a wait on the device or a millisecond of virtual time.
 pub fn step_once<D: BlockDevice>(w: &mut Writer<D>, clock: &SimClock) {
     if !w.step(now(clock)) {
@@ -40,4 +59,25 @@ pub fn step_once<D: BlockDevice>(w: &mut Writer<D>, clock: &SimClock) {
             clock.advance(Duration::from_millis(1));
         }
     }
+}
+
+type RawRead = Result<Vec<u8>, LogError>;
+
+/// Raw log bytes through the stepped writer (a reader's request, as `Log` would send it).
+pub fn stepped_read<D: BlockDevice>(
+    w: &mut Writer<D>,
+    clock: &SimClock,
+    position: u64,
+    len: u64,
+) -> RawRead {
+    let slot: Arc<Mutex<Option<RawRead>>> = Arc::default();
+    let s2 = slot.clone();
+    w.submit(Request::Read {
+        position,
+        len,
+        reply: Box::new(move |r| *s2.lock().unwrap() = Some(r)),
+    });
+    drive(w, clock, 200_000, |_| slot.lock().unwrap().is_some());
+    let r = slot.lock().unwrap().take();
+    r.unwrap_or(Err(LogError::Shutdown))
 }
