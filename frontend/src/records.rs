@@ -116,6 +116,8 @@ pub const INLINE_PLAIN: usize = 256 << 10;
 /// most clients send); a batch that yields more is checked again, whole, off the loop, so what
 /// the loop spends on one is bounded by this, whatever the batch holds.
 pub const INLINE_UNPACKED: usize = 32 << 10;
+/// More than any codec's framing adds to 32 KiB of incompressible data.
+const COMPRESSION_FRAMING: usize = 4 << 10;
 
 /// Checks a batch's records when that is cheap enough for the event loop; None when it is not
 /// (check it with `check` elsewhere).
@@ -126,6 +128,12 @@ pub fn check_inline(b: &[u8], info: &BatchInfo, checks: &Checks) -> Option<Resul
     }
     if checks.max_uncompressed <= INLINE_UNPACKED {
         return Some(check(b, info, checks));
+    }
+    // Compression hardly ever makes data larger by more than its framing: a compressed payload
+    // well over the loop's share decompresses past it too, so trying on the loop first would
+    // only decompress its start twice.
+    if info.len.saturating_sub(HEADER_LEN) > INLINE_UNPACKED + COMPRESSION_FRAMING {
+        return None;
     }
     let small = Checks {
         max_uncompressed: INLINE_UNPACKED,

@@ -377,10 +377,12 @@ async fn serve(
                 *waiting = slot;
             }
         });
+        // A draining connection (an acks=0 append failed) is at its end: it takes nothing more
+        // and closes once what it holds is answered.
+        eof |= st.borrow().draining;
         // Start every whole request that arrived, in order.
         let mut waiting_budget = false;
         while !eof
-            && !st.borrow().draining
             && !checking.holds_back()
             && st.borrow().fifo.len() < max_in_flight
             && room(&st.borrow(), out.len() - sent, input.len())
@@ -465,7 +467,7 @@ async fn serve(
         }
         let (closing, done) = {
             let s = st.borrow();
-            (s.closing, (eof || s.draining) && s.fifo.is_empty())
+            (s.closing, eof && s.fifo.is_empty())
         };
         if closing {
             // The answers already made go out first: after a writer stopped, they are the errors
@@ -509,7 +511,6 @@ async fn serve(
             && !waiting_budget
             && !checking.holds_back()
             && has_room
-            && !st.borrow().draining
             && st.borrow().fifo.len() < max_in_flight;
         if reading && input.capacity() - input.len() < INPUT_CHUNK / 4 {
             // Grow with the bytes seen, not with the length a frame claims: a client that
