@@ -11,6 +11,7 @@ use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Encodable};
 
 use crate::broker::Broker;
+use crate::session::Session;
 use crate::versions::{self, Support};
 use crate::{admin, fetch, group_api, produce, shape};
 
@@ -32,6 +33,8 @@ pub struct Ctx {
     pub version: i16,
     pub correlation_id: i32,
     pub client_id: String,
+    /// The connection's security state (its principal).
+    pub session: Arc<Session>,
 }
 
 impl Ctx {
@@ -139,7 +142,7 @@ pub enum Parsed {
 }
 
 /// Reads and checks a request's header and the shape of its body.
-pub fn parse(mut frame: Bytes) -> Result<Parsed, Refusal> {
+pub fn parse(mut frame: Bytes, session: &Arc<Session>) -> Result<Parsed, Refusal> {
     if frame.len() < 8 {
         return Err(Refusal::Short(frame.len()));
     }
@@ -156,6 +159,7 @@ pub fn parse(mut frame: Bytes) -> Result<Parsed, Refusal> {
                 version: 0,
                 correlation_id,
                 client_id: String::new(),
+                session: session.clone(),
             };
             return Ok(Parsed::Answered(admin::api_versions_unsupported(&ctx)));
         }
@@ -180,13 +184,18 @@ pub fn parse(mut frame: Bytes) -> Result<Parsed, Refusal> {
             .as_ref()
             .map(|s| s.as_str().to_string())
             .unwrap_or_default(),
+        session: session.clone(),
     };
     Ok(Parsed::Request(ctx, frame))
 }
 
-/// Decodes one request and starts it; the reply future finishes it.
-pub async fn start(broker: &Arc<Broker>, frame: Bytes) -> Result<Reply, Refusal> {
-    match parse(frame)? {
+/// Decodes one request of `session`'s connection and starts it; the reply future finishes it.
+pub async fn start(
+    broker: &Arc<Broker>,
+    session: &Arc<Session>,
+    frame: Bytes,
+) -> Result<Reply, Refusal> {
+    match parse(frame, session)? {
         Parsed::Answered(r) => Ok(r),
         Parsed::Request(ctx, body) => dispatch(broker, &ctx, body).await,
     }

@@ -21,6 +21,7 @@ pub mod producers;
 pub mod reactor;
 pub mod records;
 pub mod server;
+pub mod session;
 pub mod shape;
 pub mod snapshot_parts;
 mod startup;

@@ -73,7 +73,7 @@ proptest! {
         let b = broker().clone();
         let f = frame(a.key as i16, version, &body);
         rt().block_on(async move {
-            if let Ok(reply) = frontend::conn::start(&b, f).await {
+            if let Ok(reply) = frontend::conn::start(&b, &frontend::session::Session::new(None), f).await {
                 // Held answers (joins, long polls) are not awaited: starting them is the test.
                 drop(reply);
             }
@@ -84,7 +84,7 @@ proptest! {
     fn any_bytes_at_all_are_answered_or_refused(raw in prop::collection::vec(any::<u8>(), 0..200)) {
         let b = broker().clone();
         rt().block_on(async move {
-            let _ = frontend::conn::start(&b, Bytes::from(raw)).await;
+            let _ = frontend::conn::start(&b, &frontend::session::Session::new(None), Bytes::from(raw)).await;
         });
     }
 }

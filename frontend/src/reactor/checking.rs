@@ -142,6 +142,7 @@ pub(crate) fn prepare(lp: &LoopCtx, c: &Ctx, body: Bytes) -> Result<(Prepared, V
             version: c.version,
             correlation_id: c.correlation_id,
             client_id: String::new(),
+            session: c.session.clone(),
         },
         client_id: c.client_id.clone(),
         acks,

@@ -23,6 +23,7 @@ use super::fast::{self, Arrival, ProduceSlot};
 use super::limits::{Admission, Charge};
 use super::service::LoopCtx;
 use crate::conn::{self, Outcome, Parsed, Reply};
+use crate::session::Session;
 
 /// Input read at once when the buffer is empty; a frame larger than this grows it.
 const INPUT_CHUNK: usize = 16 << 10;
@@ -332,6 +333,7 @@ async fn serve(
     _admission: Admission,
 ) {
     let peer = stream.peer_addr().ok();
+    let session = Session::new(peer);
     let cfg = &ctx.broker.cfg;
     let max_in_flight = cfg.max_in_flight_per_connection.max(1);
     let max_frame = cfg.max_frame;
@@ -402,7 +404,7 @@ async fn serve(
                 }
             };
             let size = frame.len();
-            let slot = match conn::parse(frame) {
+            let slot = match conn::parse(frame, &session) {
                 Ok(Parsed::Answered(reply)) => Some(Slot::Future(reply)),
                 Ok(Parsed::Request(c, body)) => match c.api {
                     ApiKey::Produce => {
