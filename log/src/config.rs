@@ -108,6 +108,9 @@ pub struct LogConfig {
     /// Bytes of the newest durable batches kept in memory, so that readers at the tail never
     /// read the device (0: none).
     pub tail_cache_bytes: usize,
+    /// How long appends may wait while the writer can write nothing at all (nothing in flight,
+    /// no room it can free, no checkpoint it can write) before they fail naming why.
+    pub stall_wait: Duration,
 }
 
 impl Default for LogConfig {
@@ -126,6 +129,7 @@ impl Default for LogConfig {
             full_wait: Duration::from_secs(5),
             scrub_rate: 16 << 20,
             tail_cache_bytes: 32 << 20,
+            stall_wait: Duration::from_secs(10),
         }
     }
 }

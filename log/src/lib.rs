@@ -26,9 +26,7 @@ pub use error::LogError;
 pub use host::{Doorbell, Hosted, Turn};
 pub use reader::{read_cached, read_with, Record};
 pub use shared::{PartitionView, Pow2Histogram, Shared, WriterStats};
-pub use writer::{
-    Ack, AckFn, Appended, Now, Request, Resume, RetainedBatch, TokenAck, Writer, STALL_WAIT,
-};
+pub use writer::{Ack, AckFn, Appended, Now, Request, Resume, RetainedBatch, TokenAck, Writer};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

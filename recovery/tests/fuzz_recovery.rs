@@ -71,6 +71,7 @@ fn log_config(retain_bytes: Option<u64>) -> LogConfig {
         scrub_rate: 0,
         // Reads must reach the (damaged) device, not copies of what was written.
         tail_cache_bytes: 0,
+        ..LogConfig::default()
     }
 }
 

@@ -122,10 +122,6 @@ pub struct Resume {
     pub backfill: Option<Backfill>,
 }
 
-/// How long appends may wait while the writer can write nothing at all (nothing in flight, no
-/// room it can free, no checkpoint it can write) before they fail naming why (`check_stall`).
-pub const STALL_WAIT: Duration = Duration::from_secs(10);
-
 const TAG_WRITE: u64 = 1 << 56;
 const TAG_FLUSH: u64 = 2 << 56;
 const TAG_SUPERBLOCK: u64 = 3 << 56;
@@ -279,7 +275,6 @@ pub struct Writer<D: BlockDevice> {
     /// and whether that was logged.
     stalled_since_ns: Option<u64>,
     stall_warned: bool,
-    stall_wait: Duration,
     /// Since when appends have waited for space (on_full = refuse).
     full_since_ns: Option<u64>,
     /// The head the ring needs for the next batch to fit (0 when nothing waits for space).
@@ -410,7 +405,6 @@ impl<D: BlockDevice> Writer<D> {
             checkpoint_budget,
             stalled_since_ns: None,
             stall_warned: false,
-            stall_wait: STALL_WAIT,
             full_since_ns: None,
             space_needed_head: 0,
             reads: HashMap::new(),
@@ -477,12 +471,6 @@ impl<D: BlockDevice> Writer<D> {
 
     pub fn fatal(&self) -> Option<&LogError> {
         self.fatal.as_ref()
-    }
-
-    /// Sets how long appends may wait while the writer can write nothing ([`STALL_WAIT`] unless
-    /// set), for tests that make it stall on purpose.
-    pub fn set_stall_wait(&mut self, wait: Duration) {
-        self.stall_wait = wait;
     }
 
     /// Shutting down: from now on every write is flushed at once, whatever the flush mode.

@@ -192,10 +192,7 @@ impl<D: BlockDevice> Writer<D> {
             "log full (on_full = refuse): refusing the appends waiting; retention frees nothing \
              more yet"
         );
-        self.pending_bytes = 0;
-        for p in std::mem::take(&mut self.pending) {
-            self.answer(p.ack, Err(LogError::LogFull { needed }));
-        }
+        self.fail_waiting(LogError::LogFull { needed });
         self.full_since_ns = None;
     }
 }
@@ -209,7 +206,9 @@ impl<D: BlockDevice> Writer<D> {
         // Waiting for space with on_full = refuse is `check_full`'s, with its own limit
         // (full_wait) and error (LogFull).
         let refusing = self.cfg.on_full == OnFull::Refuse && self.space_needed_head > 0;
-        if self.pending.is_empty() || !self.batches.is_empty() || refusing {
+        let in_flight =
+            !self.batches.is_empty() || !self.flushes.is_empty() || self.sb_write.is_some();
+        if self.pending.is_empty() || in_flight || refusing {
             if self.stall_warned {
                 tracing::warn!("the writer writes again");
             }
@@ -219,7 +218,7 @@ impl<D: BlockDevice> Writer<D> {
         }
         let since = *self.stalled_since_ns.get_or_insert(now.mono_ns);
         let waited = now.mono_ns.saturating_sub(since);
-        let limit = self.stall_wait.as_nanos() as u64;
+        let limit = self.cfg.stall_wait.as_nanos() as u64;
         if !self.stall_warned && waited >= limit / 4 {
             self.stall_warned = true;
             tracing::warn!(
@@ -237,12 +236,17 @@ impl<D: BlockDevice> Writer<D> {
             why: self.stall_reason(),
         };
         tracing::error!(appends = self.pending.len(), error = %e, "failing the appends waiting");
+        self.fail_waiting(e);
+        self.stalled_since_ns = None;
+        self.stall_warned = false;
+    }
+
+    /// Answers every append waiting for the writer with `e` (they were never written).
+    fn fail_waiting(&mut self, e: LogError) {
         self.pending_bytes = 0;
         for p in std::mem::take(&mut self.pending) {
             self.answer(p.ack, Err(e.clone()));
         }
-        self.stalled_since_ns = None;
-        self.stall_warned = false;
     }
 
     /// Why the writer cannot write, for its log and the error appends get.
