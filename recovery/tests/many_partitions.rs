@@ -493,3 +493,63 @@ fn a_slow_flush_is_not_a_stall() {
         failed[0]
     );
 }
+
+/// With flush = always, a checkpoint of several batches takes one flush, issued once its last
+/// batch is written: the parts before it carry no acknowledgement, and only the last one lets the
+/// recovery point move. (Each part used to get a flush of its own.)
+#[test]
+fn a_checkpoint_of_several_batches_takes_one_flush() {
+    let (mut w, clock, _h, _, _) = small_ring(Duration::from_micros(100), Duration::from_secs(10));
+    // 300 partitions of 60-character names: a registry of about 25 KB, two 16 KiB batches.
+    let answers: Answers = Arc::default();
+    for i in 0..300 {
+        let a = answers.clone();
+        w.submit(Request::CreatePartition {
+            topic: topic(1),
+            index: i,
+            ack: Box::new(move |r| a.lock().unwrap().push(r)),
+        });
+    }
+    assert!(drive_for(
+        &mut w,
+        &clock,
+        Duration::from_secs(30),
+        |_| answers.lock().unwrap().len() == 300
+    ));
+    let id = answers.lock().unwrap()[5]
+        .clone()
+        .expect("created")
+        .partition;
+    assert!(drive_for(&mut w, &clock, Duration::from_secs(30), |w| w.is_idle()));
+    let before = w.shared().lock().stats;
+    // One append at a time, each acknowledged before the next: each takes one flush at most.
+    let appends = 200u64;
+    for i in 0..appends {
+        let done: Answers = Arc::default();
+        submit_append(&mut w, id, &done);
+        assert!(
+            drive_for(&mut w, &clock, Duration::from_secs(30), |w| !done
+                .lock()
+                .unwrap()
+                .is_empty()
+                && w.is_idle()),
+            "append {i}"
+        );
+        assert!(done.lock().unwrap()[0].is_ok());
+    }
+    let after = w.shared().lock().stats;
+    let checkpoints = after.checkpoints - before.checkpoints;
+    let parts = after.checkpoint_batches - before.checkpoint_batches;
+    let flushes = after.flushes - before.flushes;
+    let superblocks = after.superblock_writes - before.superblock_writes;
+    println!("{appends} appends, {checkpoints} checkpoints in {parts} batches, {superblocks} superblocks: {flushes} flushes");
+    assert!(
+        checkpoints >= 3 && parts >= 2 * checkpoints,
+        "{checkpoints} in {parts}"
+    );
+    assert!(
+        flushes <= appends + superblocks + checkpoints,
+        "{flushes} flushes for {appends} appends, {superblocks} superblocks and {checkpoints} \
+         checkpoints of {parts} batches"
+    );
+}

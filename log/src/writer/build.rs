@@ -268,7 +268,8 @@ impl<D: BlockDevice> Writer<D> {
         let n = ios.len() as u32;
         // One write, and nothing below it unwritten: its flush goes with it, started by the
         // device once the write completed (one wake-up instead of two for a lone producer).
-        let linked = n == 1 && self.link_flush(position);
+        let mid_checkpoint = kind == BatchKind::Checkpoint && checkpoint_done.is_none();
+        let linked = n == 1 && !mid_checkpoint && self.link_flush(position);
         for (byte_offset, b) in ios {
             let tag = TAG_WRITE | self.bump_tag();
             let lba = byte_offset / self.geo.logical_block;
@@ -312,6 +313,7 @@ impl<D: BlockDevice> Writer<D> {
             created,
             deleted,
             checkpoint_done,
+            mid_checkpoint,
         });
         self.stalled_since_ns = None;
     }

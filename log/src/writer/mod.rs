@@ -173,6 +173,9 @@ struct InFlight {
     /// The last batch of a checkpoint: the (position, link) of its first batch, which the next
     /// superblock may name as the recovery point once this batch is durable.
     checkpoint_done: Option<(u64, u32)>,
+    /// A batch of a checkpoint that others follow: nothing waits for it to be durable before
+    /// the last one is (whose flush covers it), so it calls for no flush of its own.
+    mid_checkpoint: bool,
 }
 
 struct FlushSlot {

@@ -207,7 +207,7 @@ impl<D: BlockDevice> Writer<D> {
                 .iter()
                 .any(|b| b.checkpoint_done.is_some() && b.written);
         let due = match self.cfg.flush {
-            FlushMode::Always => true,
+            FlushMode::Always => !self.only_mid_checkpoint_waits(),
             FlushMode::Interval(i) => {
                 now.mono_ns.saturating_sub(self.last_flush_ns) >= i.as_nanos() as u64
             }
@@ -232,6 +232,16 @@ impl<D: BlockDevice> Writer<D> {
         }
         self.flush_submitted(tag, None, now);
         true
+    }
+
+    /// Whether the written data no flush covers yet is all checkpoint batches that others
+    /// follow: the flush after the checkpoint's last batch covers them (and nothing waits on
+    /// them before that), unless the window fills first (`window_full` makes it urgent).
+    fn only_mid_checkpoint_waits(&self) -> bool {
+        self.batches
+            .iter()
+            .filter(|b| b.written && b.end > self.flush_requested)
+            .all(|b| b.mid_checkpoint)
     }
 
     /// How long until a flush the mode asks for falls due, while written data waits for one: the
