@@ -661,3 +661,7 @@ pub fn backfill_scan(
     scan_below(&mut WriterSource(read), geo, from, to)
         .map_err(|(position, what)| format!("at log position {position}: {what}"))
 }
+
+#[cfg(test)]
+#[path = "scan_tests.rs"]
+mod tests;
