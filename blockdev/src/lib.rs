@@ -22,6 +22,7 @@ pub mod file;
     any(target_arch = "x86_64", target_arch = "aarch64")
 ))]
 pub mod nvme;
+pub mod reported;
 pub mod sim;
 mod sync;
 

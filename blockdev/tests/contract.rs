@@ -298,9 +298,10 @@ mod nvme_fake {
 #[test]
 fn a_device_that_breaks_the_contract_is_reported() {
     let (dev, _h) = blockdev::sim::SimDevice::new(SimConfig::new(1, 1 << 20));
-    let mut info = dev.info().clone();
-    info.capacity += u64::from(info.logical_block_size);
-    let mut broken = LiesAboutCapacity { dev, info };
+    // A sim that claims one block more than it has, so I/O at its claimed last block is refused.
+    let mut broken = blockdev::reported::Reported::new(dev, |info| {
+        info.capacity += u64::from(info.logical_block_size)
+    });
     let results = contract::run_device_checks(&mut broken);
     let failed = contract::failures(&results);
     let last = failed
@@ -312,57 +313,4 @@ fn a_device_that_breaks_the_contract_is_reported() {
         "{last}"
     );
     assert!(results.iter().any(|r| r.passed()), "{failed:?}");
-}
-
-/// A sim that claims one block more than it has, so I/O at its claimed last block is refused.
-struct LiesAboutCapacity {
-    dev: blockdev::sim::SimDevice,
-    info: blockdev::DeviceInfo,
-}
-
-impl BlockDevice for LiesAboutCapacity {
-    fn info(&self) -> &blockdev::DeviceInfo {
-        &self.info
-    }
-    fn alloc_buffer(&mut self, len: usize) -> Result<blockdev::IoBuffer, blockdev::DeviceError> {
-        self.dev.alloc_buffer(len)
-    }
-    fn queue_depth(&self) -> usize {
-        self.dev.queue_depth()
-    }
-    fn submit_write(
-        &mut self,
-        tag: u64,
-        lba: u64,
-        b: blockdev::IoBuffer,
-    ) -> Result<(), blockdev::DeviceError> {
-        self.dev.submit_write(tag, lba, b)
-    }
-    fn submit_read(
-        &mut self,
-        tag: u64,
-        lba: u64,
-        b: blockdev::IoBuffer,
-    ) -> Result<(), blockdev::DeviceError> {
-        self.dev.submit_read(tag, lba, b)
-    }
-    fn submit_flush(&mut self, tag: u64) -> Result<(), blockdev::DeviceError> {
-        self.dev.submit_flush(tag)
-    }
-    fn poll(
-        &mut self,
-        out: &mut Vec<blockdev::Completion>,
-    ) -> Result<usize, blockdev::DeviceError> {
-        self.dev.poll(out)
-    }
-    fn wait(
-        &mut self,
-        out: &mut Vec<blockdev::Completion>,
-        timeout: Duration,
-    ) -> Result<usize, blockdev::DeviceError> {
-        self.dev.wait(out, timeout)
-    }
-    fn in_flight(&self) -> usize {
-        self.dev.in_flight()
-    }
 }

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use blockdev::sim::{SimConfig, SimDevice, SimHandle};
-use blockdev::{BlockDevice, Completion, DeviceError, DeviceInfo, IoBuffer, Tag};
+use blockdev::BlockDevice;
 use nvmq_log::config::{FormatOptions, LogConfig};
 use nvmq_log::format::LOG_START;
 use nvmq_log::{Log, LogError};
@@ -181,56 +181,12 @@ fn a_log_moved_to_a_device_with_larger_physical_blocks_is_refused_untouched() {
     log.shutdown();
 }
 
-/// A device whose `info()` says what the test wants, over a sim device.
-struct Reported {
-    inner: SimDevice,
-    info: DeviceInfo,
-}
-
-impl Reported {
-    fn new(inner: SimDevice, change: impl FnOnce(&mut DeviceInfo)) -> Reported {
-        let mut info = inner.info().clone();
-        change(&mut info);
-        Reported { inner, info }
-    }
-}
-
-impl BlockDevice for Reported {
-    fn info(&self) -> &DeviceInfo {
-        &self.info
-    }
-    fn alloc_buffer(&mut self, len: usize) -> Result<IoBuffer, DeviceError> {
-        self.inner.alloc_buffer(len)
-    }
-    fn queue_depth(&self) -> usize {
-        self.inner.queue_depth()
-    }
-    fn submit_write(&mut self, tag: Tag, lba: u64, b: IoBuffer) -> Result<(), DeviceError> {
-        self.inner.submit_write(tag, lba, b)
-    }
-    fn submit_read(&mut self, tag: Tag, lba: u64, b: IoBuffer) -> Result<(), DeviceError> {
-        self.inner.submit_read(tag, lba, b)
-    }
-    fn submit_flush(&mut self, tag: Tag) -> Result<(), DeviceError> {
-        self.inner.submit_flush(tag)
-    }
-    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError> {
-        self.inner.poll(out)
-    }
-    fn wait(&mut self, out: &mut Vec<Completion>, t: Duration) -> Result<usize, DeviceError> {
-        self.inner.wait(out, t)
-    }
-    fn in_flight(&self) -> usize {
-        self.inner.in_flight()
-    }
-}
-
 #[test]
 fn a_log_moved_to_a_file_system_with_larger_blocks_is_refused_untouched() {
     let old = formatted_with_records(sim_config(4, 512, 512, MIB as u32), 5, 100);
     let (dev, handle) = moved(&old, sim_config(5, 512, 512, MIB as u32));
     // A file on a file system of 4 KiB blocks (the file backend reports it in fs_block_size).
-    let dev = Reported::new(dev, |i| i.fs_block_size = 4096);
+    let dev = blockdev::reported::Reported::new(dev, |i| i.fs_block_size = 4096);
     let e = open_err(dev);
     assert!(
         matches!(
@@ -256,7 +212,7 @@ fn a_larger_atomic_write_unit_is_no_hazard_and_opens() {
     let (dev, _) = moved(&old, sim_config(7, 4096, 4096, MIB as u32));
     // A drive that applies writes of up to 64 KiB whole across a power loss (NVMe AWUPF): a
     // 4 KiB write is applied whole too, and never touches blocks outside it.
-    let dev = Reported::new(dev, |i| i.atomic_write_unit = 64 << 10);
+    let dev = blockdev::reported::Reported::new(dev, |i| i.atomic_write_unit = 64 << 10);
     let (w, _) = recovery::open(dev, log_config()).expect("open");
     let log = Log::start(w, 64);
     let part = log.partition_id("t", 0).expect("t/0");
