@@ -74,6 +74,25 @@ fn doorbells_are_rung_once_per_batch() {
     assert_eq!(h.stats().cq_doorbells, after.cq_doorbells);
 }
 
+/// The driver benchmark (`benches/nvme_driver.rs`) subtracts the controller's own time: a timed
+/// controller counts it for its register writes, an untimed one reads no clock.
+#[test]
+fn a_timed_controller_counts_its_own_time() {
+    let timed = FakeConfig {
+        timed: true,
+        ..FakeConfig::default()
+    };
+    for (cfg, counts) in [(timed, true), (FakeConfig::default(), false)] {
+        let (mut dev, h) = open_with(cfg, small_opts());
+        let before = h.stats().controller_ns;
+        let b = dev.alloc_buffer(4096).unwrap();
+        dev.submit_write(1, 0, b).unwrap();
+        assert_eq!(drain(&mut dev, 1).len(), 1);
+        let spent = h.stats().controller_ns - before;
+        assert_eq!(spent > 0, counts, "{spent} ns counted");
+    }
+}
+
 #[test]
 fn transfers_over_two_pages_use_prp_lists() {
     let (mut dev, h) = open_with(FakeConfig::default(), small_opts());

@@ -99,6 +99,7 @@ impl FakeHandle {
         s.maps.clear();
         FakeHost {
             name: "fake:0000:00:04.0".into(),
+            timed: s.cfg.timed,
             ranges: s.cfg.iova_ranges.clone(),
             memlock: s.cfg.memlock,
             bar_len: s.cfg.bar_len,

@@ -66,7 +66,14 @@ impl Host for FakeHost {
     }
 
     fn write32(&self, offset: usize, value: u32) {
-        lock(&self.state).write_reg(offset, value);
+        if !self.timed {
+            lock(&self.state).write_reg(offset, value);
+            return;
+        }
+        let t = std::time::Instant::now();
+        let mut s = lock(&self.state);
+        s.write_reg(offset, value);
+        s.stats.controller_ns += t.elapsed().as_nanos() as u64;
     }
 
     fn config_read16(&self, offset: u64) -> Result<u16, HostError> {

@@ -57,6 +57,9 @@ pub struct FakeConfig {
     pub never_ready: bool,
     /// The controller starts enabled and ready, as another driver left it.
     pub start_enabled: bool,
+    /// Time the controller's work on every register write (`FakeStats::controller_ns`), so that
+    /// a benchmark can tell the driver's cost from the software controller's.
+    pub timed: bool,
 }
 
 impl Default for FakeConfig {
@@ -89,6 +92,7 @@ impl Default for FakeConfig {
             bar_len: 0x4000,
             never_ready: false,
             start_enabled: false,
+            timed: false,
         }
     }
 }
@@ -122,6 +126,9 @@ pub struct FakeStats {
     pub clock_reads: u64,
     /// (SQID, CID) of every Abort command, in order.
     pub aborts: Vec<(u16, u16)>,
+    /// With `FakeConfig::timed`: nanoseconds spent in register writes (taking the lock, and
+    /// for a doorbell running the commands and posting their completions), clock reads included.
+    pub controller_ns: u64,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -181,6 +188,7 @@ struct State {
 /// The [`Host`] side of the software controller; give it to `NvmeDevice::with_host`.
 pub struct FakeHost {
     name: String,
+    timed: bool,
     ranges: Vec<IovaRange>,
     memlock: Memlock,
     bar_len: usize,
@@ -227,6 +235,7 @@ pub fn controller(cfg: FakeConfig) -> (FakeHost, FakeHandle) {
     (
         FakeHost {
             name: "fake:0000:00:04.0".into(),
+            timed: cfg.timed,
             ranges: cfg.iova_ranges.clone(),
             memlock: cfg.memlock,
             bar_len: cfg.bar_len,
