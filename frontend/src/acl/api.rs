@@ -68,7 +68,7 @@ pub async fn create(b: &Arc<Broker>, ctx: &Ctx, req: CreateAclsRequest) -> Reply
         }
     }
     let (at, bindings): (Vec<usize>, Vec<Binding>) = todo.into_iter().unzip();
-    for (binding, _) in bindings.iter().zip(&at) {
+    for binding in &bindings {
         tracing::info!(principal = %ctx.session.principal(), acl = %binding, "creating an ACL");
     }
     for (i, r) in at.into_iter().zip(b.acl().add(b, bindings).await) {
