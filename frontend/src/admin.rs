@@ -19,6 +19,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use nvmq_log::LogError;
 
+use crate::acl::{check, Operation};
 use crate::broker::{valid_topic_name, Broker};
 use crate::codes;
 use crate::conn::{Ctx, Reply};
@@ -72,20 +73,27 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
     };
     let may_create = b.cfg.auto_create_topics && (ctx.version < 4 || req.allow_auto_topic_creation);
     let names: Vec<(String, i16)> = match requested {
-        None => b
-            .topics()
-            .map
-            .keys()
-            .map(|n| (n.clone(), codes::NONE))
-            .collect(),
+        // Every topic the principal may describe; the others are left out, unnamed.
+        None => {
+            let all: Vec<String> = b.topics().map.keys().cloned().collect();
+            all.into_iter()
+                .filter(|n| check::topic(b, ctx, Operation::Describe, n))
+                .map(|n| (n, codes::NONE))
+                .collect()
+        }
         Some(list) => {
             let mut out = Vec::new();
             for n in list {
                 let exists = b.topics().map.contains_key(&n);
-                let code = if exists {
+                // Refused before its existence is looked at, so that it is not disclosed.
+                let code = if !check::topic(b, ctx, Operation::Describe, &n) {
+                    codes::TOPIC_AUTHORIZATION_FAILED
+                } else if exists {
                     codes::NONE
                 } else if !valid_topic_name(&n) {
                     codes::INVALID_TOPIC_EXCEPTION
+                } else if may_create && !check::create_topic(b, ctx, &n) {
+                    codes::TOPIC_AUTHORIZATION_FAILED
                 } else if may_create {
                     match b.create_topic(&n, b.cfg.default_partitions).await {
                         Ok(_) => codes::NONE,
@@ -156,7 +164,12 @@ pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest)
                 .filter(|&p| p > 0 && p <= MAX_PARTITIONS)
                 .ok_or(())
         };
-        let (code, msg) = if !valid_topic_name(&n) {
+        let (code, msg) = if !check::create_topic(b, ctx, &n) {
+            (
+                codes::TOPIC_AUTHORIZATION_FAILED,
+                format!("{} may not create topic {n:?}", ctx.session.principal()),
+            )
+        } else if !valid_topic_name(&n) {
             (
                 codes::INVALID_TOPIC_EXCEPTION,
                 format!("topic name {n:?} is not valid"),
@@ -213,10 +226,15 @@ pub async fn create_partitions(b: &Arc<Broker>, ctx: &Ctx, req: CreatePartitions
             a.iter()
                 .all(|x| x.broker_ids.iter().all(|id| id.0 == NODE_ID))
         });
+        let allowed = check::topic(b, ctx, Operation::Alter, &n);
         let (code, msg) = match u32::try_from(t.count)
             .ok()
             .filter(|&c| c > 0 && c <= MAX_PARTITIONS)
         {
+            _ if !allowed => (
+                codes::TOPIC_AUTHORIZATION_FAILED,
+                format!("{} may not alter topic {n:?}", ctx.session.principal()),
+            ),
             None => (codes::INVALID_PARTITIONS, format!("{} partitions", t.count)),
             Some(_) if !only_here => (
                 INVALID_REPLICA_ASSIGNMENT,
@@ -258,12 +276,16 @@ pub async fn delete_topics(b: &Arc<Broker>, ctx: &Ctx, req: DeleteTopicsRequest)
     for t in req.topic_names {
         let mut r = DeletableTopicResult::default();
         r.name = Some(t.clone());
-        r.error_code = match b.delete_topic(t.as_str()).await {
-            Ok(true) => codes::NONE,
-            Ok(false) => codes::UNKNOWN_TOPIC_OR_PARTITION,
-            Err(e) => {
-                tracing::warn!(topic = t.as_str(), error = %e, "deleting a topic failed");
-                codes::KAFKA_STORAGE_ERROR
+        r.error_code = if !check::topic(b, ctx, Operation::Delete, t.as_str()) {
+            codes::TOPIC_AUTHORIZATION_FAILED
+        } else {
+            match b.delete_topic(t.as_str()).await {
+                Ok(true) => codes::NONE,
+                Ok(false) => codes::UNKNOWN_TOPIC_OR_PARTITION,
+                Err(e) => {
+                    tracing::warn!(topic = t.as_str(), error = %e, "deleting a topic failed");
+                    codes::KAFKA_STORAGE_ERROR
+                }
             }
         };
         resp.responses.push(r);
@@ -273,7 +295,11 @@ pub async fn delete_topics(b: &Arc<Broker>, ctx: &Ctx, req: DeleteTopicsRequest)
 
 pub fn find_coordinator(b: &Arc<Broker>, ctx: &Ctx, req: FindCoordinatorRequest) -> Reply {
     let mut resp = FindCoordinatorResponse::default();
-    if req.key_type != 0 {
+    if req.key_type == 0 && !check::group(b, ctx, Operation::Describe, req.key.as_str()) {
+        resp.error_code = codes::GROUP_AUTHORIZATION_FAILED;
+        resp.node_id = BrokerId(-1);
+        resp.port = -1;
+    } else if req.key_type != 0 {
         resp.error_code = codes::COORDINATOR_NOT_AVAILABLE;
         resp.node_id = BrokerId(-1);
         resp.port = -1;
@@ -297,6 +323,8 @@ pub fn init_producer_id(b: &Arc<Broker>, ctx: &Ctx, req: InitProducerIdRequest) 
         resp.producer_epoch = -1;
         if req.transactional_id.as_ref().is_some_and(|t| !t.is_empty()) {
             resp.error_code = codes::INVALID_REQUEST;
+        } else if !check::cluster(&b, &ctx, Operation::IdempotentWrite) {
+            resp.error_code = codes::CLUSTER_AUTHORIZATION_FAILED;
         } else {
             match b.new_producer_id().await {
                 Ok(id) => {

@@ -62,6 +62,11 @@ pub struct Config {
     /// Largest number of bytes the records of one compressed batch may decompress to (they are
     /// decompressed to be checked); a batch yielding more is refused with MESSAGE_TOO_LARGE.
     pub max_uncompressed_batch: usize,
+    /// Check every request against the ACLs (`acl`); off, everything is allowed and the ACL
+    /// APIs answer SECURITY_DISABLED.
+    pub authorizer: bool,
+    /// Principals the authorizer lets do anything.
+    pub super_users: Vec<crate::session::Principal>,
 }
 
 impl Default for Config {
@@ -83,6 +88,8 @@ impl Default for Config {
             producer_id_expiration: crate::producers::DEFAULT_EXPIRATION,
             ceiling: false,
             max_uncompressed_batch: crate::records::DEFAULT_MAX_UNCOMPRESSED,
+            authorizer: false,
+            super_users: Vec::new(),
         }
     }
 }
@@ -170,6 +177,8 @@ pub struct Broker {
     /// Appends the frontend may have in flight (`append_permits` when none is).
     append_capacity: u32,
     next_producer_id: Mutex<i64>,
+    /// The ACLs and whether they are enforced.
+    acl: crate::acl::Authorizer,
     stop: Arc<AtomicBool>,
 }
 
@@ -240,6 +249,8 @@ impl Broker {
         }
         let permits = queue_capacity.max(4);
         let append_capacity = u32::try_from(permits * 3 / 4).unwrap_or(u32::MAX);
+        let acl =
+            crate::acl::Authorizer::new(cfg.authorizer, cfg.super_users.clone(), replayed.acls);
         Ok(Arc::new(Broker {
             cfg,
             topics: Mutex::new(topics),
@@ -259,8 +270,14 @@ impl Broker {
             startup: replayed.startup,
             append_capacity,
             next_producer_id: Mutex::new(replayed.next_producer_id),
+            acl,
             stop,
         }))
+    }
+
+    /// The authorizer and its ACLs.
+    pub fn acl(&self) -> &crate::acl::Authorizer {
+        &self.acl
     }
 
     pub fn topics(&self) -> MutexGuard<'_, Topics> {
@@ -678,7 +695,7 @@ impl Broker {
     }
 
     /// Re-records the state replayed from the internal partitions (tombstones, the producer-id
-    /// high mark, group generations, every committed offset, every data partition's producer
+    /// high mark, group generations, ACL bindings, every committed offset, every data partition's producer
     /// state) at the tail of the log. The log frees its oldest data when the ring is full;
     /// taking a snapshot every quarter ring keeps the newest one of each inside what is
     /// retained. Replaying it again changes nothing.
@@ -706,6 +723,7 @@ impl Broker {
         for r in &meta {
             waits.push(self.append(self.meta_partition, r.encode(), 1).await?);
         }
+        self.acl.queue_snapshot(self, &mut waits).await?;
         // A group's commits go in records cut by size to fit the log's largest payload: their
         // metadata may take up to 4 KiB each.
         let max = self.log().max_payload();

@@ -13,7 +13,7 @@ use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Enc
 use crate::broker::Broker;
 use crate::session::Session;
 use crate::versions::{self, Support};
-use crate::{admin, fetch, group_api, produce, shape};
+use crate::{acl, admin, fetch, group_api, produce, shape};
 
 /// What the writer does with a request once its answer is ready.
 pub enum Outcome {
@@ -224,6 +224,9 @@ pub async fn dispatch(broker: &Arc<Broker>, ctx: &Ctx, mut frame: Bytes) -> Resu
         ApiKey::LeaveGroup => group_api::leave(b, &ctx, decode(&ctx, &mut frame)?),
         ApiKey::OffsetCommit => group_api::offset_commit(b, &ctx, decode(&ctx, &mut frame)?).await,
         ApiKey::OffsetFetch => group_api::offset_fetch(b, &ctx, decode(&ctx, &mut frame)?),
+        ApiKey::CreateAcls => acl::api::create(b, &ctx, decode(&ctx, &mut frame)?).await,
+        ApiKey::DescribeAcls => acl::api::describe(b, &ctx, decode(&ctx, &mut frame)?),
+        ApiKey::DeleteAcls => acl::api::delete(b, &ctx, decode(&ctx, &mut frame)?).await,
         other => return Err(Refusal::UnknownApi(other as i16)),
     };
     Ok(reply)

@@ -14,6 +14,7 @@ use kafka_protocol::messages::{
 };
 use nvmq_log::LogError;
 
+use crate::acl::{self, Operation};
 use crate::batch;
 use crate::broker::Broker;
 use crate::codes;
@@ -31,16 +32,17 @@ pub fn fetch(b: &Arc<Broker>, ctx: &Ctx, req: FetchRequest) -> Reply {
         let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(MAX_WAIT);
         let deadline = tokio::time::Instant::now() + wait;
         let mut changes = b.durable_changes();
+        let denied = denied_topics(&b, &ctx, &req);
         let req = Arc::new(req);
         loop {
             changes.borrow_and_update();
-            let (resp, bytes, failed) = match read_once(&b, &ctx, &req, &mut cached) {
+            let (resp, bytes, failed) = match read_once(&b, &ctx, &req, &denied, &mut cached) {
                 Some(r) => r,
                 None => {
                     // Older than the tail cache: read the device off the loop's thread.
-                    let (b2, c2, r2) = (b.clone(), ctx.clone(), req.clone());
+                    let (b2, c2, r2, d2) = (b.clone(), ctx.clone(), req.clone(), denied.clone());
                     let read = b.blocking(0, move |_| {
-                        read_once(&b2, &c2, &r2, &mut |b, id, o, m| {
+                        read_once(&b2, &c2, &r2, &d2, &mut |b, id, o, m| {
                             Some(read_partition(b, id, o, m))
                         })
                     });
@@ -72,9 +74,26 @@ pub fn fetch(b: &Arc<Broker>, ctx: &Ctx, req: FetchRequest) -> Reply {
 /// it need not wait (enough bytes, or no wait asked): the event loop's fast path. None: take the
 /// long way (`fetch`).
 pub fn try_now(b: &Broker, ctx: &Ctx, req: &FetchRequest) -> Option<Outcome> {
-    let (resp, bytes, failed) = read_once(b, ctx, req, &mut cached)?;
+    let denied = denied_topics(b, ctx, req);
+    let (resp, bytes, failed) = read_once(b, ctx, req, &denied, &mut cached)?;
     let wait = req.max_wait_ms > 0;
     (failed || bytes >= i64::from(req.min_bytes.max(1)) || !wait).then(|| ctx.encode(&resp))
+}
+
+/// Which of a Fetch's topics (by index) its principal may not Read; None when it may read them
+/// all (always, with the authorizer off: then this costs a bool).
+pub type Denied = Option<Arc<[bool]>>;
+
+pub fn denied_topics(b: &Broker, ctx: &Ctx, req: &FetchRequest) -> Denied {
+    if !b.acl().enabled() {
+        return None;
+    }
+    let d: Vec<bool> = req
+        .topics
+        .iter()
+        .map(|t| !acl::check::topic(b, ctx, Operation::Read, t.topic.as_str()))
+        .collect();
+    d.contains(&true).then(|| d.into())
 }
 
 /// Reads a partition's records for a fetch; None when it would block.
@@ -87,6 +106,7 @@ fn read_once(
     b: &Broker,
     ctx: &Ctx,
     req: &FetchRequest,
+    denied: &Denied,
     read: &mut PartitionRead<'_>,
 ) -> Option<(FetchResponse, i64, bool)> {
     let mut resp = FetchResponse::default();
@@ -99,14 +119,24 @@ fn read_once(
     budget = budget.min(i64::try_from(b.cfg.fetch_max_bytes).unwrap_or(i64::MAX));
     let mut total = 0i64;
     let mut failed = false;
-    for t in &req.topics {
+    let mut readable = 0;
+    for (ti, t) in req.topics.iter().enumerate() {
         let mut tr = FetchableTopicResponse::default();
         tr.topic = t.topic.clone();
+        let refused = denied.as_ref().is_some_and(|d| d.get(ti) == Some(&true));
+        readable += usize::from(!refused);
         for p in &t.partitions {
             let mut pd = PartitionData::default();
             pd.partition_index = p.partition;
             if ctx.version >= 4 {
                 pd.aborted_transactions = Some(Vec::new());
+            }
+            if refused {
+                pd.error_code = codes::TOPIC_AUTHORIZATION_FAILED;
+                pd.high_watermark = -1;
+                pd.last_stable_offset = -1;
+                tr.partitions.push(pd);
+                continue;
             }
             let pid = b.topics().partition(t.topic.as_str(), p.partition);
             let bounds = pid.and_then(|id| b.bounds(id).map(|bd| (id, bd)));
@@ -148,6 +178,9 @@ fn read_once(
         }
         resp.responses.push(tr);
     }
+    // Nothing it may read: answered at once rather than held for data it would not get (a
+    // refused topic among readable ones waits with them, as Kafka's does).
+    failed |= readable == 0 && denied.is_some();
     Some((resp, total, failed))
 }
 
@@ -185,6 +218,7 @@ pub fn list_offsets(b: &Arc<Broker>, ctx: &Ctx, req: ListOffsetsRequest) -> Repl
         for t in req.topics {
             let mut tr = ListOffsetsTopicResponse::default();
             tr.name = t.name.clone();
+            let allowed = acl::check::topic(&b, &ctx, Operation::Describe, t.name.as_str());
             for p in t.partitions {
                 let mut pr = ListOffsetsPartitionResponse::default();
                 pr.partition_index = p.partition_index;
@@ -192,6 +226,7 @@ pub fn list_offsets(b: &Arc<Broker>, ctx: &Ctx, req: ListOffsetsRequest) -> Repl
                 pr.offset = -1;
                 let pid = b.topics().partition(t.name.as_str(), p.partition_index);
                 match pid.and_then(|id| b.bounds(id).map(|bd| (id, bd))) {
+                    _ if !allowed => pr.error_code = codes::TOPIC_AUTHORIZATION_FAILED,
                     None => pr.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION,
                     Some((_, (start, end))) if p.timestamp == -2 => {
                         let _ = end;

@@ -19,6 +19,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::acl::{self, Operation};
 use crate::broker::Broker;
 use crate::codes;
 use crate::conn::{Ctx, Reply};
@@ -36,7 +37,20 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
+/// Whether the request's principal may do `op` on the group.
+fn may(b: &Broker, ctx: &Ctx, op: Operation, group: &str) -> bool {
+    acl::check::group(b, ctx, op, group)
+}
+
 pub fn join(b: &Arc<Broker>, ctx: &Ctx, req: JoinGroupRequest) -> Reply {
+    if !may(b, ctx, Operation::Read, req.group_id.as_str()) {
+        let mut resp = JoinGroupResponse::default();
+        resp.error_code = codes::GROUP_AUTHORIZATION_FAILED;
+        resp.generation_id = -1;
+        resp.protocol_name = Some(s(""));
+        resp.member_id = req.member_id;
+        return ctx.ready(&resp);
+    }
     let jr = JoinRequest {
         group: req.group_id.as_str().to_string(),
         member_id: req.member_id.as_str().to_string(),
@@ -87,6 +101,11 @@ pub fn join(b: &Arc<Broker>, ctx: &Ctx, req: JoinGroupRequest) -> Reply {
 }
 
 pub fn sync(b: &Arc<Broker>, ctx: &Ctx, req: SyncGroupRequest) -> Reply {
+    if !may(b, ctx, Operation::Read, req.group_id.as_str()) {
+        let mut resp = SyncGroupResponse::default();
+        resp.error_code = codes::GROUP_AUTHORIZATION_FAILED;
+        return ctx.ready(&resp);
+    }
     let assignments = req
         .assignments
         .into_iter()
@@ -116,6 +135,10 @@ pub fn sync(b: &Arc<Broker>, ctx: &Ctx, req: SyncGroupRequest) -> Reply {
 
 pub fn heartbeat(b: &Arc<Broker>, ctx: &Ctx, req: HeartbeatRequest) -> Reply {
     let mut resp = HeartbeatResponse::default();
+    if !may(b, ctx, Operation::Read, req.group_id.as_str()) {
+        resp.error_code = codes::GROUP_AUTHORIZATION_FAILED;
+        return ctx.ready(&resp);
+    }
     resp.error_code = b.groups.heartbeat(
         req.group_id.as_str(),
         req.generation_id,
@@ -125,6 +148,11 @@ pub fn heartbeat(b: &Arc<Broker>, ctx: &Ctx, req: HeartbeatRequest) -> Reply {
 }
 
 pub fn leave(b: &Arc<Broker>, ctx: &Ctx, req: LeaveGroupRequest) -> Reply {
+    if !may(b, ctx, Operation::Read, req.group_id.as_str()) {
+        let mut resp = LeaveGroupResponse::default();
+        resp.error_code = codes::GROUP_AUTHORIZATION_FAILED;
+        return ctx.ready(&resp);
+    }
     let ids: Vec<String> = if ctx.version >= 3 {
         req.members
             .iter()
@@ -155,6 +183,7 @@ pub fn leave(b: &Arc<Broker>, ctx: &Ctx, req: LeaveGroupRequest) -> Reply {
 
 pub async fn offset_commit(b: &Arc<Broker>, ctx: &Ctx, req: OffsetCommitRequest) -> Reply {
     let group = req.group_id.as_str().to_string();
+    let group_allowed = may(b, ctx, Operation::Read, &group);
     let allowed = b.groups.may_commit(
         &group,
         req.generation_id_or_member_epoch,
@@ -172,10 +201,16 @@ pub async fn offset_commit(b: &Arc<Broker>, ctx: &Ctx, req: OffsetCommitRequest)
     let mut commits = Vec::new();
     for t in &req.topics {
         let known = b.topics().map.get(t.name.as_str()).map(|p| p.len());
+        let topic_allowed =
+            group_allowed && acl::check::topic(b, ctx, Operation::Read, t.name.as_str());
         let mut parts = Vec::new();
         for p in &t.partitions {
             let meta_len = p.committed_metadata.as_ref().map_or(0, |m| m.len());
-            let err = if allowed != codes::NONE {
+            let err = if !group_allowed {
+                Some(codes::GROUP_AUTHORIZATION_FAILED)
+            } else if !topic_allowed {
+                Some(codes::TOPIC_AUTHORIZATION_FAILED)
+            } else if allowed != codes::NONE {
                 Some(allowed)
             } else if known.is_none_or(|n| p.partition_index < 0 || p.partition_index as usize >= n)
             {
@@ -282,12 +317,38 @@ pub fn offset_fetch(b: &Arc<Broker>, ctx: &Ctx, req: OffsetFetchRequest) -> Repl
         }
         p
     };
+    // Kafka's: Describe on the group, then on each topic (an unauthorized one named gets
+    // TOPIC_AUTHORIZATION_FAILED per partition; asked for all, it is left out).
+    if !may(b, ctx, Operation::Describe, group) {
+        resp.error_code = codes::GROUP_AUTHORIZATION_FAILED;
+        if let Some(topics) = req.topics {
+            for t in topics {
+                let mut tr = OffsetFetchResponseTopic::default();
+                tr.name = t.name.clone();
+                for idx in t.partition_indexes {
+                    let mut p = entry(idx, None);
+                    p.error_code = codes::GROUP_AUTHORIZATION_FAILED;
+                    tr.partitions.push(p);
+                }
+                resp.topics.push(tr);
+            }
+        }
+        return ctx.ready(&resp);
+    }
+    let describe = |topic: &str| acl::check::topic(b, ctx, Operation::Describe, topic);
     match req.topics {
         Some(topics) => {
             for t in topics {
                 let mut tr = OffsetFetchResponseTopic::default();
                 tr.name = t.name.clone();
+                let allowed = describe(t.name.as_str());
                 for idx in t.partition_indexes {
+                    if !allowed {
+                        let mut p = entry(idx, None);
+                        p.error_code = codes::TOPIC_AUTHORIZATION_FAILED;
+                        tr.partitions.push(p);
+                        continue;
+                    }
                     tr.partitions
                         .push(entry(idx, b.offsets.get(group, t.name.as_str(), idx)));
                 }
@@ -297,6 +358,9 @@ pub fn offset_fetch(b: &Arc<Broker>, ctx: &Ctx, req: OffsetFetchRequest) -> Repl
         None => {
             let mut by_topic: Vec<OffsetFetchResponseTopic> = Vec::new();
             for ((topic, idx), c) in b.offsets.all(group) {
+                if !describe(&topic) {
+                    continue;
+                }
                 if by_topic.last().is_none_or(|t| t.name.as_str() != topic) {
                     let mut tr = OffsetFetchResponseTopic::default();
                     tr.name = TopicName(s(&topic));

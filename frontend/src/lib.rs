@@ -3,6 +3,7 @@
 //! log records spanning their messages; acks go out only after the flush that covers them.
 #![forbid(unsafe_code)]
 
+pub mod acl;
 pub mod admin;
 pub mod batch;
 pub mod broker;

@@ -101,6 +101,10 @@ pub enum MetaRecord {
     ProducerState(ProducerStatePart),
     /// Part of a snapshot of a data partition's time index (ListOffsets by timestamp).
     TimeIndex(TimeIndexPart),
+    /// An ACL binding was created (CreateAcls; re-recorded by every snapshot).
+    AclAdded(crate::acl::Binding),
+    /// An ACL binding was deleted (DeleteAcls).
+    AclRemoved(crate::acl::Binding),
 }
 
 impl Commit {
@@ -155,8 +159,10 @@ const TAG_GENERATION: u8 = 3;
 const TAG_COMMITS: u8 = 4;
 const TAG_PRODUCER_STATE: u8 = 5;
 const TAG_TIME_INDEX: u8 = 6;
+const TAG_ACL_ADDED: u8 = 12;
+const TAG_ACL_REMOVED: u8 = 13;
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     let b = s.as_bytes();
     out.extend((b.len().min(u16::MAX as usize) as u16).to_be_bytes());
     out.extend(&b[..b.len().min(u16::MAX as usize)]);
@@ -247,6 +253,14 @@ impl MetaRecord {
                     out.extend(offset.to_be_bytes());
                     out.extend(ts.to_be_bytes());
                 }
+            }
+            MetaRecord::AclAdded(b) => {
+                out.push(TAG_ACL_ADDED);
+                crate::acl::record::put(&mut out, b);
+            }
+            MetaRecord::AclRemoved(b) => {
+                out.push(TAG_ACL_REMOVED);
+                crate::acl::record::put(&mut out, b);
             }
         }
         out
@@ -374,6 +388,8 @@ impl MetaRecord {
                     samples,
                 })
             }
+            TAG_ACL_ADDED => MetaRecord::AclAdded(crate::acl::record::get(&mut c)?),
+            TAG_ACL_REMOVED => MetaRecord::AclRemoved(crate::acl::record::get(&mut c)?),
             t => return Err(format!("unknown record tag {t}")),
         };
         if c.at != b.len() {
@@ -383,13 +399,13 @@ impl MetaRecord {
     }
 }
 
-struct Cursor<'a> {
+pub(crate) struct Cursor<'a> {
     b: &'a [u8],
     at: usize,
 }
 
 impl Cursor<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&[u8], String> {
         let end = self
             .at
             .checked_add(n)
@@ -399,7 +415,7 @@ impl Cursor<'_> {
         self.at = end;
         Ok(s)
     }
-    fn u8(&mut self) -> Result<u8, String> {
+    pub(crate) fn u8(&mut self) -> Result<u8, String> {
         Ok(self.take(1)?[0])
     }
     /// A count of items that take at least `min_len` bytes each: one beyond the record is
@@ -424,7 +440,7 @@ impl Cursor<'_> {
         a.copy_from_slice(self.take(8)?);
         Ok(i64::from_be_bytes(a))
     }
-    fn str(&mut self) -> Result<String, String> {
+    pub(crate) fn str(&mut self) -> Result<String, String> {
         let s = self.take(2)?;
         let n = usize::from(u16::from_be_bytes([s[0], s[1]]));
         let at = self.at;
@@ -568,12 +584,33 @@ mod tests {
                 samples: vec![],
             }),
         ];
+        let acl = crate::acl::Binding::from_wire(crate::acl::Wire {
+            resource_type: 2,
+            name: "orders-",
+            pattern_type: 4,
+            principal: "User:alice",
+            host: "10.0.0.1",
+            op: 4,
+            permission: 3,
+        })
+        .unwrap();
+        let recs = recs.into_iter().chain([
+            MetaRecord::AclAdded(acl.clone()),
+            MetaRecord::AclRemoved(acl),
+        ]);
         for r in recs {
             let e = r.encode();
             assert_eq!(MetaRecord::decode(&e).unwrap(), r);
             assert!(MetaRecord::decode(&e[..e.len() - 1]).is_err());
         }
         assert!(MetaRecord::decode(&[9]).is_err());
+        // A binding record whose operation code is not one: refused by name.
+        let mut bad = vec![12u8, 2, 3, 0, 1, b't'];
+        bad.extend([0, 6]);
+        bad.extend(b"User:a");
+        bad.extend([0, 1, b'*', 99, 3]);
+        let e = MetaRecord::decode(&bad).unwrap_err();
+        assert!(e.contains("operation code 99"), "{e}");
         // A batch at or past the snapshot's `through`, more than five batches, a part past the
         // count: each refused.
         let snap = |batches: Vec<StoredBatch>, part: u32| {

@@ -13,6 +13,7 @@ use kafka_protocol::protocol::{Decodable, StrBytes};
 use nvmq_log::{Appended, LogError};
 use tokio::sync::oneshot;
 
+use crate::acl::{self, Operation};
 use crate::batch;
 use crate::broker::{Broker, Config};
 use crate::codes;
@@ -128,6 +129,14 @@ struct PartWait {
     waits: Vec<Wait>,
 }
 
+/// The message of a partition refused for want of Write on its topic.
+pub(crate) fn denied(ctx: &Ctx, topic: &str) -> String {
+    format!(
+        "{} may not write to topic {topic:?}",
+        ctx.session.principal()
+    )
+}
+
 pub fn log_error_code(e: &LogError) -> i16 {
     match e {
         LogError::RecordTooLarge { .. } => codes::MESSAGE_TOO_LARGE,
@@ -143,6 +152,7 @@ pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
     let mut topics: Vec<(kafka_protocol::messages::TopicName, Vec<PartWait>)> = Vec::new();
     for t in req.topic_data {
         let mut parts = Vec::new();
+        let allowed = acl::check::topic(b, ctx, Operation::Write, t.name.as_str());
         for p in t.partition_data {
             let pid = b.topics().partition(t.name.as_str(), p.index);
             let mut pw = PartWait {
@@ -151,7 +161,12 @@ pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
                 error: None,
                 waits: Vec::new(),
             };
-            pw.error = if req.transactional_id.is_some() {
+            pw.error = if !allowed {
+                Some((
+                    codes::TOPIC_AUTHORIZATION_FAILED,
+                    denied(ctx, t.name.as_str()),
+                ))
+            } else if req.transactional_id.is_some() {
                 Some((
                     codes::INVALID_REQUEST,
                     "transactions are not supported".into(),

@@ -57,6 +57,8 @@ pub struct Identity {
 pub struct Session {
     pub peer: Option<SocketAddr>,
     identity: Mutex<Identity>,
+    /// The authorizer's decisions for this connection (`acl::check`).
+    pub(crate) decisions: Mutex<crate::acl::check::Cache>,
 }
 
 impl Session {
@@ -68,6 +70,7 @@ impl Session {
                 principal: Principal::anonymous(),
                 authenticated: false,
             }),
+            decisions: Mutex::default(),
         })
     }
 

@@ -82,6 +82,55 @@ impl Walk<'_> {
         }
         Ok(())
     }
+
+    /// An unsigned varint (flexible versions' counts and lengths).
+    fn uvarint(&mut self, what: &str) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..35).step_by(7) {
+            let at = self.at;
+            self.skip(1, what)?;
+            let byte = self.b[at];
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(format!(
+            "{what} at byte {}: varint longer than 5 bytes",
+            self.at
+        ))
+    }
+    /// A compact string (length + 1; 0 is null).
+    fn cstring(&mut self, nullable: bool) -> R {
+        match self.uvarint("compact string length")? {
+            0 if nullable => Ok(()),
+            0 => Err(format!("null string at byte {}", self.at - 1)),
+            n => self.skip((n - 1) as usize, "compact string"),
+        }
+    }
+    /// A compact array (count + 1; 0 is null).
+    fn carray(&mut self, mut each: impl FnMut(&mut Self) -> R) -> R {
+        let at = self.at;
+        let n = self.uvarint("compact array count")?;
+        for _ in 1..n {
+            let before = self.at;
+            each(self)?;
+            if self.at == before {
+                return Err(format!("array at byte {at}: empty element"));
+            }
+        }
+        Ok(())
+    }
+    /// A tagged-field section: a count, then (tag, size, bytes) each.
+    fn tags(&mut self) -> R {
+        let n = self.uvarint("tagged field count")?;
+        for _ in 0..n {
+            self.uvarint("tag")?;
+            let size = self.uvarint("tagged field size")?;
+            self.skip(size as usize, "tagged field")?;
+        }
+        Ok(())
+    }
 }
 
 /// Ok when every count and length of the body (`b`, after the request header) is backed by bytes.
@@ -241,8 +290,36 @@ pub fn check(api: ApiKey, v: i16, b: &[u8]) -> R {
             w.i32()?;
             w.array(true, |w| w.array(false, |w| w.i32()))
         }),
-        // Heartbeat, FindCoordinator, InitProducerId, ApiVersions: no counts in the served
-        // versions; the codec's own bounds checks cover their strings.
+        // The ACL creations and deletion filters (v2 on: flexible).
+        ApiKey::CreateAcls | ApiKey::DeleteAcls => {
+            let create = api == ApiKey::CreateAcls;
+            let element = |w: &mut Walk<'_>| {
+                let flexible = v >= 2;
+                let string = |w: &mut Walk<'_>, nullable| match flexible {
+                    true => w.cstring(nullable),
+                    false => w.string(nullable),
+                };
+                w.i8()?;
+                string(w, !create)?;
+                w.i8()?;
+                string(w, !create)?;
+                string(w, !create)?;
+                w.i8()?;
+                w.i8()?;
+                if flexible {
+                    w.tags()?;
+                }
+                Ok(())
+            };
+            if v >= 2 {
+                w.carray(element)?;
+                w.tags()
+            } else {
+                w.array(false, element)
+            }
+        }
+        // Heartbeat, FindCoordinator, InitProducerId, ApiVersions, DescribeAcls: no counts in
+        // the served versions; the codec's own bounds checks cover their strings.
         _ => Ok(()),
     }
 }

@@ -36,6 +36,7 @@ pub(crate) struct Replayed {
     pub topics: BTreeMap<String, Vec<PartRef>>,
     pub startup: Startup,
     pub time_index: TimeIndex,
+    pub acls: crate::acl::Acls,
 }
 
 /// Time index snapshot parts of one device's partitions.
@@ -85,6 +86,9 @@ pub(crate) fn replay(
     let mut incarnation: HashMap<String, u32> = HashMap::new();
     let mut next_pid = 0i64;
     let mut generations: HashMap<String, i32> = HashMap::new();
+    // Added and removed in log order: a snapshot re-adds every live binding, so any retained
+    // suffix of the records that holds one whole snapshot replays to the current set.
+    let mut acls = crate::acl::Acls::default();
     let mut snapshots: Vec<Assembler> = logs.iter().map(|_| Assembler::default()).collect();
     let mut times: Vec<TimeParts> = logs.iter().map(|_| TimeParts::default()).collect();
     for (dev, (log, &meta)) in logs.iter().zip(&internal.metas).enumerate() {
@@ -104,6 +108,12 @@ pub(crate) fn replay(
             MetaRecord::Generation { group, generation } if dev == 0 => {
                 let e = generations.entry(group).or_insert(generation);
                 *e = (*e).max(generation);
+            }
+            MetaRecord::AclAdded(b) if dev == 0 => {
+                acls.insert(b);
+            }
+            MetaRecord::AclRemoved(b) if dev == 0 => {
+                acls.remove(&b);
             }
             MetaRecord::Commits { .. } => {}
             other => tracing::warn!(device = dev, ?other, "unexpected record in {META_TOPIC}"),
@@ -128,6 +138,7 @@ pub(crate) fn replay(
         topics,
         startup,
         time_index,
+        acls,
     })
 }
 

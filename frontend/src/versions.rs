@@ -2,7 +2,7 @@
 //! Every version in it is served (tests/advertised.rs sends each one a request).
 //!
 //! Maxima stay on non-flexible versions (except ApiVersions, whose v3 every modern client sends
-//! first), so the clients we are tested with (librdkafka 2.0.2 under Debian's kcat, librdkafka 2.x
+//! first, and the ACL APIs, which the codec decodes from v1, v2 on flexible), so the clients we are tested with (librdkafka 2.0.2 under Debian's kcat, librdkafka 2.x
 //! in confluent-kafka, kafka-python) all negotiate down to versions we decode.
 
 use kafka_protocol::messages::ApiKey;
@@ -41,6 +41,10 @@ pub const TABLE: &[ApiRange] = &[
     api(ApiKey::DeleteTopics, 1, 3),
     api(ApiKey::CreatePartitions, 0, 1),
     api(ApiKey::InitProducerId, 0, 1),
+    // The codec knows v1–3 (v2 on flexible); nvmq serves them all.
+    api(ApiKey::DescribeAcls, 1, 3),
+    api(ApiKey::CreateAcls, 1, 3),
+    api(ApiKey::DeleteAcls, 1, 3),
 ];
 
 /// How a request's (key, version) stands against the table.

@@ -294,6 +294,36 @@ async fn check(addr: SocketAddr, key: i16, v: i16) -> Result<(), String> {
             r.transaction_timeout_ms = 60_000;
             answered(addr, v, &r).await
         }
+        ApiKey::CreateAcls => {
+            let mut c = kafka_protocol::messages::create_acls_request::AclCreation::default();
+            c.resource_type = 2;
+            c.resource_name = s(TOPIC);
+            c.principal = s("User:alice");
+            c.host = s("*");
+            c.operation = 3;
+            c.permission_type = 3;
+            let mut r = CreateAclsRequest::default();
+            r.creations = vec![c];
+            answered(addr, v, &r).await
+        }
+        ApiKey::DescribeAcls => {
+            let mut r = DescribeAclsRequest::default();
+            r.resource_type_filter = 1;
+            r.pattern_type_filter = 1;
+            r.operation = 1;
+            r.permission_type = 1;
+            answered(addr, v, &r).await
+        }
+        ApiKey::DeleteAcls => {
+            let mut f = kafka_protocol::messages::delete_acls_request::DeleteAclsFilter::default();
+            f.resource_type_filter = 2;
+            f.pattern_type_filter = 1;
+            f.operation = 1;
+            f.permission_type = 1;
+            let mut r = DeleteAclsRequest::default();
+            r.filters = vec![f];
+            answered(addr, v, &r).await
+        }
         other => Err(format!(
             "{other:?} is advertised but this test has no request for it: add one"
         )),
@@ -302,7 +332,14 @@ async fn check(addr: SocketAddr, key: i16, v: i16) -> Result<(), String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_advertised_version_gets_a_well_formed_answer() {
-    let (addr, _s) = common::serve(Default::default()).await;
+    // With the authorizer on and the client a super user, every request takes its checked path
+    // (the ACL APIs theirs in full) and is allowed.
+    let cfg = frontend::Config {
+        authorizer: true,
+        super_users: vec![frontend::session::Principal::anonymous()],
+        ..Default::default()
+    };
+    let (addr, _s) = common::serve(cfg).await;
     let mut c = Client::connect(addr, "t").await.unwrap();
     let advertised = c.call(0, &ApiVersionsRequest::default()).await.unwrap();
     assert_eq!(advertised.error_code, 0);

@@ -97,6 +97,14 @@ pub struct ServeArgs {
     /// `kafka-bench` comparisons only.
     #[arg(long)]
     pub ceiling: bool,
+    /// Check every request against the ACLs (managed through CreateAcls, DescribeAcls and
+    /// DeleteAcls, e.g. an AdminClient's create_acls); a request without an ACL allowing it is
+    /// denied. Without it everything is allowed and the ACL APIs answer SECURITY_DISABLED.
+    #[arg(long)]
+    pub authorizer: bool,
+    /// Principals the authorizer lets do anything, comma-separated (User:admin,User:ops).
+    #[arg(long, value_delimiter = ',', value_parser = parse_principal)]
+    pub super_users: Vec<frontend::session::Principal>,
     /// Event loops (threads), each owning its connections and, for the loop owning a device,
     /// that device's writer; 0: one per core.
     #[arg(long, default_value_t = 0)]
@@ -117,6 +125,11 @@ pub struct ServeArgs {
     /// 10m).
     #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "2s")]
     pub writer_stop_grace: Duration,
+}
+
+fn parse_principal(s: &str) -> Result<frontend::session::Principal, String> {
+    frontend::session::Principal::parse(s)
+        .ok_or_else(|| format!("{s:?} is not a principal of the form Type:name (User:admin)"))
 }
 
 /// Serves until SIGINT/SIGTERM (a clean stop, [`Status::Ok`]) or until a device's writer stops
@@ -257,6 +270,8 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         max_connections: args.max_connections,
         max_connections_per_ip: args.max_connections_per_ip,
         write_timeout: args.write_timeout,
+        authorizer: args.authorizer,
+        super_users: args.super_users.clone(),
         ..frontend::Config::default()
     };
     let opened = std::time::Instant::now();
@@ -292,6 +307,23 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         st.producers_expired,
         opened.elapsed().as_secs_f64()
     );
+    if args.authorizer {
+        println!(
+            "authorizer on: {} ACLs, super users: {}",
+            server.broker().acl().bindings().len(),
+            if args.super_users.is_empty() {
+                "none".to_string()
+            } else {
+                args.super_users
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        );
+    } else if !args.super_users.is_empty() {
+        eprintln!("note: --super-users has no effect without --authorizer");
+    }
     if args.ceiling {
         println!("CEILING MODE: Produce is answered without storing anything (benchmark only)");
     }

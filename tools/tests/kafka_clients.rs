@@ -321,6 +321,24 @@ fn group_rebalances_when_a_member_leaves_and_offsets_survive_a_restart() {
     );
 }
 
+/// ACLs from confluent-kafka's AdminClient (create, describe with ANY and MATCH filters,
+/// delete) as a super user; then, on the same device restarted without super users, the ACL
+/// they created lets User:ANONYMOUS produce to topic a only: a message to b fails with
+/// TOPIC_AUTHORIZATION_FAILED in the delivery report.
+#[test]
+fn confluent_kafka_manages_acls_and_a_denied_produce_fails_in_its_delivery_report() {
+    let _turn = one_at_a_time();
+    let dir = tmp("kafka-acls");
+    let dev = format!("file:{}", dir.join("nvmq.img").display());
+    let s = Server::start_with(&dev, &["--authorizer", "--super-users", "User:ANONYMOUS"]);
+    scenario(&s.addr, "acl_admin", &[]);
+    scenario(&s.addr, "acl_setup", &[]);
+    s.sigterm();
+    let s = Server::start_with(&dev, &["--authorizer"]);
+    let out = scenario(&s.addr, "acl_denied", &[]);
+    assert!(out.contains("TOPIC_AUTHORIZATION_FAILED"), "{out}");
+}
+
 /// librdkafka's own integration suite (from the rdkafka-sys crate source), the allow-listed tests
 /// in tests/clients/librdkafka.allow. Topics auto-create with 4 partitions, as the suite assumes.
 #[test]

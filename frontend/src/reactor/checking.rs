@@ -19,6 +19,7 @@ use super::checker::{Checked, Group, Job};
 use super::conn::{ConnRef, Slot};
 use super::limits::Charge;
 use super::service::LoopCtx;
+use crate::acl::{self, Operation};
 use crate::batch::{self, BatchFault, BatchInfo};
 use crate::codes;
 use crate::conn::{Ctx, Outcome};
@@ -111,9 +112,15 @@ pub(crate) fn prepare(lp: &LoopCtx, c: &Ctx, body: Bytes) -> Result<(Prepared, V
     let mut topics = Vec::with_capacity(req.topic_data.len());
     for t in req.topic_data {
         let mut parts = Vec::with_capacity(t.partition_data.len());
+        let allowed = acl::check::topic(b, c, Operation::Write, t.name.as_str());
         for p in t.partition_data {
             let pid = b.topics().partition(t.name.as_str(), p.index);
-            let state = if req.transactional_id.is_some() {
+            let state = if !allowed {
+                PartState::Refused(
+                    codes::TOPIC_AUTHORIZATION_FAILED,
+                    crate::produce::denied(c, t.name.as_str()),
+                )
+            } else if req.transactional_id.is_some() {
                 PartState::Refused(
                     codes::INVALID_REQUEST,
                     "transactions are not supported".into(),

@@ -1,6 +1,7 @@
 #![allow(dead_code)] // each test binary uses its own part of these helpers
 //! An in-process broker over a sim device, on an ephemeral port.
 
+pub mod inproc;
 pub mod kafka_batches;
 
 use std::net::SocketAddr;
@@ -130,4 +131,49 @@ pub async fn create_topic(c: &mut frontend::client::Client, t: &str) {
     m.allow_auto_topic_creation = true;
     let r = c.call(8, &m).await.expect("metadata");
     assert_eq!(r.topics[0].error_code, 0, "creating {t}");
+}
+
+/// A 12 MiB sim device (1 MiB window, 256 KiB batches) whose ring a few hundred 100 KiB
+/// records wrap: for tests that state survives the ring freeing its first records.
+pub fn small_ring(seed: u64) -> (SimDevice, SimHandle) {
+    let mut c = SimConfig::new(seed, 12 << 20);
+    c.flush_latency = Latency::Fixed(Duration::from_micros(100));
+    c.clock = SimClock::real();
+    let (mut dev, handle) = SimDevice::new(c);
+    let fmt = FormatOptions {
+        window: 1 << 20,
+        max_batch: 256 << 10,
+        ..FormatOptions::default()
+    };
+    nvmq_log::mkfs::format(&mut dev, &fmt).expect("format");
+    (dev, handle)
+}
+
+/// About four laps of a `small_ring` through topic `t` (partition 0), slowly enough for the
+/// snapshot ticker to keep up.
+pub async fn lap_the_ring(c: &mut frontend::client::Client, t: &str) {
+    let value = vec![7u8; 100 << 10];
+    for _ in 0..400 {
+        let batch = frontend::client::record_batch(&[&value], None);
+        let r = c.call(7, &produce_request(t, 0, batch, -1)).await.unwrap();
+        assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The first retained offset of internal partition `name` on device 0.
+pub fn internal_start(b: &Broker, name: &str) -> u64 {
+    b.log()
+        .partitions()
+        .into_iter()
+        .find(|p| p.1 == name)
+        .map(|p| p.3)
+        .expect("internal partition")
+}
+
+/// A broker over a device as it comes back after a power cut.
+pub fn reopen(dev: SimDevice, cfg: Config) -> Arc<Broker> {
+    let lc = LogConfig::default();
+    let (w, _) = recovery::open(dev, lc.clone()).expect("open");
+    Broker::open(Log::start(w, lc.queue_capacity), lc.queue_capacity, cfg).expect("broker")
 }

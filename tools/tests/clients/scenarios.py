@@ -267,7 +267,88 @@ def read_values():
     print("end", hi, flush=True)
 
 
+def acl_filter(rtype=None, name=None, pattern=None, principal=None):
+    from confluent_kafka.admin import (AclBindingFilter, AclOperation, AclPermissionType,
+                                       ResourcePatternType, ResourceType)
+
+    return AclBindingFilter(rtype or ResourceType.ANY, name, pattern or ResourcePatternType.ANY,
+                            principal, None, AclOperation.ANY, AclPermissionType.ANY)
+
+
+def acl_admin():
+    """AdminClient create_acls, describe_acls (ANY, MATCH), delete_acls; a super user's."""
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
+                                       ResourcePatternType, ResourceType)
+
+    a = AdminClient({"bootstrap.servers": BOOT})
+    allow, deny = AclPermissionType.ALLOW, AclPermissionType.DENY
+    lit, pre = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
+    bindings = [
+        AclBinding(ResourceType.TOPIC, "a", lit, "User:alice", "*", AclOperation.WRITE, allow),
+        AclBinding(ResourceType.TOPIC, "orders-", pre, "User:bob", "*", AclOperation.READ, allow),
+        AclBinding(ResourceType.GROUP, "g", lit, "User:alice", "*", AclOperation.READ, deny),
+    ]
+    for f in a.create_acls(bindings, request_timeout=15).values():
+        f.result()
+    got = a.describe_acls(acl_filter(), request_timeout=15).result()
+    if sorted(map(str, got)) != sorted(map(str, bindings)):
+        fail(f"described {got}, created {bindings}")
+    m = a.describe_acls(acl_filter(ResourceType.TOPIC, "orders-eu", ResourcePatternType.MATCH),
+                        request_timeout=15).result()
+    if [(x.name, x.principal) for x in m] != [("orders-", "User:bob")]:
+        fail(f"MATCH orders-eu described {m}")
+    done = a.delete_acls([acl_filter(principal="User:alice")], request_timeout=15)
+    deleted = [r for f in done.values() for r in f.result()]
+    if len(deleted) != 2:
+        fail(f"deleting alice's ACLs deleted {deleted}")
+    left = a.describe_acls(acl_filter(), request_timeout=15).result()
+    if [x.principal for x in left] != ["User:bob"]:
+        fail(f"left after delete: {left}")
+    print(f"ok: {len(bindings)} ACLs created, described (ANY, MATCH), {len(deleted)} deleted")
+
+
+def acl_setup():
+    """As a super user: topics a and b, and an ACL letting User:ANONYMOUS write (only) to a."""
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
+                                       ResourcePatternType, ResourceType)
+
+    for t in ("a", "b"):
+        create_topic(t, 1)
+    a = AdminClient({"bootstrap.servers": BOOT})
+    b = AclBinding(ResourceType.TOPIC, "a", ResourcePatternType.LITERAL, "User:ANONYMOUS", "*",
+                   AclOperation.WRITE, AclPermissionType.ALLOW)
+    for f in a.create_acls([b], request_timeout=15).values():
+        f.result()
+    print("ok: topics a, b; User:ANONYMOUS may write to a")
+
+
+def acl_denied():
+    """Not a super user: producing to a is delivered, to b fails TOPIC_AUTHORIZATION_FAILED."""
+    from confluent_kafka import KafkaError, Producer
+
+    p = Producer({"bootstrap.servers": BOOT, "acks": "all", "message.timeout.ms": 20000})
+    reports = {}
+
+    def dr(err, msg):
+        reports[msg.topic()] = err
+
+    p.produce("a", b"allowed", on_delivery=dr)
+    p.produce("b", b"denied", on_delivery=dr)
+    left = p.flush(30)
+    if left:
+        fail(f"{left} messages never reported")
+    if reports.get("a") is not None:
+        fail(f"the allowed message failed: {reports.get('a')}")
+    err = reports.get("b")
+    if err is None or err.code() != KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        fail(f"the denied message reported {err}")
+    print(f"ok: a delivered, b refused with {err.name()}")
+
+
 {
+    "acl_admin": acl_admin,
+    "acl_setup": acl_setup,
+    "acl_denied": acl_denied,
     "produce_consume": produce_consume,
     "kafka_python": kafka_python,
     "compressed": compressed,
