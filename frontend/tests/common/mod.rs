@@ -131,3 +131,23 @@ pub async fn create_topic(c: &mut frontend::client::Client, t: &str) {
     let r = c.call(8, &m).await.expect("metadata");
     assert_eq!(r.topics[0].error_code, 0, "creating {t}");
 }
+
+/// A Fetch of partition 0 of `t` from `offset`, answered at once (up to 1 MiB).
+pub fn fetch_request(t: &str, offset: i64) -> kafka_protocol::messages::FetchRequest {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let mut p = FetchPartition::default();
+    p.fetch_offset = offset;
+    p.partition_max_bytes = 1 << 20;
+    let mut ft = FetchTopic::default();
+    ft.topic = TopicName(StrBytes::from_string(t.to_string()));
+    ft.partitions = vec![p];
+    let mut r = FetchRequest::default();
+    r.replica_id = BrokerId(-1);
+    r.max_wait_ms = 0;
+    r.min_bytes = 1;
+    r.max_bytes = 1 << 20;
+    r.topics = vec![ft];
+    r
+}
