@@ -106,7 +106,9 @@ async fn produce_and_fetch_over_tls() {
     let ca = Ca::new("nvmq test CA");
     let tls = Tls::load(files(&dir, &ca.server(false), None)).expect("load");
     let server = serve_tls(tls, Config::default());
-    let mut c = connect(&server, trusting(&ca, None)).await.expect("connect");
+    let mut c = connect(&server, trusting(&ca, None))
+        .await
+        .expect("connect");
     common::create_topic(&mut c, "secure").await;
     // Larger than one TLS record (16 KiB) and than rustls's buffer, both ways.
     let big = vec![0x5au8; 200 << 10];
@@ -115,7 +117,9 @@ async fn produce_and_fetch_over_tls() {
     assert_eq!(values(&mut c, "secure").await, vec![b"first".to_vec(), big]);
 
     // Plain Kafka to the TLS port gets no answer: the connection closes.
-    let mut plain = Client::connect(server.local_addr(), "plain").await.expect("tcp");
+    let mut plain = Client::connect(server.local_addr(), "plain")
+        .await
+        .expect("tcp");
     assert!(api_versions(&mut plain).await.is_err());
 }
 
@@ -132,7 +136,9 @@ async fn untrusted_and_expired_certificates_fail_the_handshake() {
         .expect("a client not trusting the server's CA connected");
     assert!(e.to_string().contains("UnknownIssuer"), "{e}");
     // The broker serves the next client as before.
-    let mut c = connect(&server, trusting(&ca, None)).await.expect("connect");
+    let mut c = connect(&server, trusting(&ca, None))
+        .await
+        .expect("connect");
     assert_eq!(api_versions(&mut c).await.expect("api versions"), 0);
 
     let dir = certs::dir(&base(), "expired");
@@ -172,7 +178,10 @@ async fn mtls_refuses_clients_without_a_trusted_certificate() {
         api_versions(&mut c).await
     };
     let e = refused(untrusted.await);
-    assert!(e.contains("UnknownCA") || e.contains("BadCertificate"), "{e}");
+    assert!(
+        e.contains("UnknownCA") || e.contains("BadCertificate"),
+        "{e}"
+    );
 
     let alice = clients.client(&[(DnType::CommonName, "alice")]);
     let mut c = connect(&server, trusting(&ca, Some(&alice)))
@@ -191,14 +200,18 @@ async fn a_reload_serves_new_connections_the_new_certificate() {
     let files = files(&dir, &old_ca.server(false), None);
     let tls = Tls::load(files.clone()).expect("load");
     let server = serve_tls(tls.clone(), Config::default());
-    let mut before = connect(&server, trusting(&old_ca, None)).await.expect("old");
+    let mut before = connect(&server, trusting(&old_ca, None))
+        .await
+        .expect("old");
     assert!(connect(&server, trusting(&new_ca, None)).await.is_err());
 
     let renewed = new_ca.server(false);
     std::fs::write(&files.cert, &renewed.cert_pem).expect("write");
     std::fs::write(&files.key, &renewed.key_pem).expect("write");
     tls.reload().expect("reload");
-    let mut after = connect(&server, trusting(&new_ca, None)).await.expect("new");
+    let mut after = connect(&server, trusting(&new_ca, None))
+        .await
+        .expect("new");
     assert_eq!(api_versions(&mut after).await.expect("new conn"), 0);
     assert!(connect(&server, trusting(&old_ca, None)).await.is_err());
     // The connection opened before keeps its session.
@@ -208,9 +221,14 @@ async fn a_reload_serves_new_connections_the_new_certificate() {
     // settings in use.
     let stray = rcgen::KeyPair::generate().expect("key").serialize_pem();
     std::fs::write(&files.key, stray).expect("write");
-    let e = tls.reload().expect_err("a mismatched key was taken").to_string();
+    let e = tls
+        .reload()
+        .expect_err("a mismatched key was taken")
+        .to_string();
     assert!(e.contains(&files.key.display().to_string()), "{e}");
-    let mut still = connect(&server, trusting(&new_ca, None)).await.expect("kept");
+    let mut still = connect(&server, trusting(&new_ca, None))
+        .await
+        .expect("kept");
     assert_eq!(api_versions(&mut still).await.expect("kept conn"), 0);
 }
 
@@ -229,10 +247,20 @@ async fn a_client_that_never_finishes_its_handshake_gives_its_slot_back() {
     let silent = tokio::net::TcpStream::connect(server.local_addr())
         .await
         .expect("tcp");
-    wait_for(|| server.connections().0 == 1, "the silent connection to count").await;
+    wait_for(
+        || server.connections().0 == 1,
+        "the silent connection to count",
+    )
+    .await;
     // Once its handshake times out the slot is free again, while it still has its socket open.
-    wait_for(|| server.connections().0 == 0, "the silent connection to be closed").await;
-    let mut c = connect(&server, trusting(&ca, None)).await.expect("connect");
+    wait_for(
+        || server.connections().0 == 0,
+        "the silent connection to be closed",
+    )
+    .await;
+    let mut c = connect(&server, trusting(&ca, None))
+        .await
+        .expect("connect");
     assert_eq!(api_versions(&mut c).await.expect("api versions"), 0);
     drop(silent);
 }

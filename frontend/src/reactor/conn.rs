@@ -5,8 +5,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -74,7 +74,10 @@ pub(crate) async fn handshake(
                 return None;
             }
             None => {
-                tracing::info!(?peer, "closing a TLS connection without a client certificate");
+                tracing::info!(
+                    ?peer,
+                    "closing a TLS connection without a client certificate"
+                );
                 return None;
             }
         }
@@ -82,11 +85,14 @@ pub(crate) async fn handshake(
     Some((stream, session))
 }
 
+/// The integration tests' certificate maker (path relative to this file's directory).
+#[cfg(test)]
+#[path = "../../tests/common/certs.rs"]
+mod certs;
+
 #[cfg(test)]
 mod tests {
-    #[path = "../../tests/common/certs.rs"]
-    mod certs;
-
+    use super::certs;
     use super::*;
     use crate::tls::{client_config, TlsFiles};
     use rcgen::DnType;
@@ -113,7 +119,9 @@ mod tests {
         let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).expect("key");
         let config = client_config(roots, Some((vec![CertificateDer::from(leaf.der)], key)))
             .expect("client config");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let connecting = tokio::spawn(async move {
             let s = TcpStream::connect(addr).await.expect("tcp");

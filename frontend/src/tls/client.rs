@@ -35,7 +35,10 @@ impl ClientFiles {
         };
         client_config(roots, identity).map_err(|e| TlsError::Refused {
             what: "client certificate",
-            path: self.identity.as_ref().map_or(self.ca.clone(), |(c, _)| c.clone()),
+            path: self
+                .identity
+                .as_ref()
+                .map_or(self.ca.clone(), |(c, _)| c.clone()),
             reason: e.to_string(),
         })
     }

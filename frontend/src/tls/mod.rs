@@ -82,7 +82,10 @@ impl Tls {
     }
 
     /// As `load`, with another handshake timeout (tests).
-    pub fn load_with_timeout(files: TlsFiles, handshake_timeout: Duration) -> Result<Tls, TlsError> {
+    pub fn load_with_timeout(
+        files: TlsFiles,
+        handshake_timeout: Duration,
+    ) -> Result<Tls, TlsError> {
         let config = load::server_config(&files)?;
         Ok(Tls {
             inner: Arc::new(Inner {

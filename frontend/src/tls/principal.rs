@@ -64,7 +64,7 @@ fn text(v: &Any<'_>) -> Option<String> {
         // Teletex as Latin-1, as most readers do.
         Tag::T61String => Some(data.iter().map(|&b| char::from(b)).collect()),
         Tag::BmpString => {
-            if data.len() % 2 != 0 {
+            if !data.len().is_multiple_of(2) {
                 return None;
             }
             let units: Vec<u16> = data

@@ -83,7 +83,7 @@ fn dn(parts: &[(DnType, &str)]) -> DistinguishedName {
 
 /// A fresh directory for one test's files.
 pub fn dir(base: &Path, name: &str) -> PathBuf {
-    let d = base.join(format!("tls-{name}-{}", std::process::id()));
+    let d = base.join(format!("tls-{name}"));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("test dir");
     d
