@@ -6,16 +6,21 @@ use std::io;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpStream, ToSocketAddrs};
+use tokio_rustls::TlsConnector;
 
 /// Largest response frame the client reads.
 const MAX_RESPONSE: usize = 256 << 20;
 
+/// Either half of a plain or TLS connection.
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
 pub struct Client {
-    rd: BufReader<OwnedReadHalf>,
-    wr: OwnedWriteHalf,
+    rd: BufReader<Reader>,
+    wr: Writer,
     next_correlation: i32,
     client_id: String,
 }
@@ -29,12 +34,32 @@ impl Client {
         let s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
         let (rd, wr) = s.into_split();
-        Ok(Client {
+        Ok(Client::over(Box::new(rd), Box::new(wr), client_id))
+    }
+
+    /// Connects over TLS, checking the server's certificate for `server_name`. Under TLS 1.3 a
+    /// server that refuses the client's certificate says so after the handshake: the first
+    /// request then fails.
+    pub async fn connect_tls(
+        addr: impl ToSocketAddrs,
+        client_id: &str,
+        config: std::sync::Arc<rustls::ClientConfig>,
+        server_name: ServerName<'static>,
+    ) -> io::Result<Client> {
+        let s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        let tls = TlsConnector::from(config).connect(server_name, s).await?;
+        let (rd, wr) = tokio::io::split(tls);
+        Ok(Client::over(Box::new(rd), Box::new(wr), client_id))
+    }
+
+    fn over(rd: Reader, wr: Writer, client_id: &str) -> Client {
+        Client {
             rd: BufReader::with_capacity(64 << 10, rd),
             wr,
             next_correlation: 1,
             client_id: client_id.to_string(),
-        })
+        }
     }
 
     /// Encodes a request frame (length, header, body) without sending it.
@@ -60,12 +85,14 @@ impl Client {
     /// Sends a request; returns its correlation id.
     pub async fn send<R: Request>(&mut self, version: i16, req: &R) -> io::Result<i32> {
         let (id, f) = self.frame(version, req)?;
-        self.wr.write_all(&f).await?;
+        self.send_raw(&f).await?;
         Ok(id)
     }
 
     pub async fn send_raw(&mut self, frame: &[u8]) -> io::Result<()> {
-        self.wr.write_all(frame).await
+        self.wr.write_all(frame).await?;
+        // A TLS stream holds what it was given until flushed (a no-op on TCP).
+        self.wr.flush().await
     }
 
     /// Reads one response frame (without its length).

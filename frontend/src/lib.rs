@@ -27,6 +27,7 @@ pub mod shape;
 pub mod snapshot_parts;
 mod startup;
 pub mod time_index;
+pub mod tls;
 pub mod versions;
 
 pub use broker::{Broker, Config, Startup};

@@ -1,7 +1,7 @@
 //! `nvmq serve`: the Kafka protocol broker over one device or several.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,11 +30,22 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, default_value = "127.0.0.1:9092")]
     pub listen: String,
-    /// Listen on an address other than loopback although nvmq has no TLS, SASL or ACLs yet:
-    /// anyone who reaches the port can read, write and delete every topic. Without it, a
-    /// non-loopback --listen is refused.
+    /// Listen on an address other than loopback without TLS: anyone who reaches the port can
+    /// read, write and delete every topic. Without it (or --tls-cert), a non-loopback --listen
+    /// is refused.
     #[arg(long)]
     pub insecure_network: bool,
+    /// Serve the Kafka listener over TLS with this certificate (PEM: the server's certificate
+    /// first, then any intermediates clients need). Needs --tls-key. Re-read on SIGHUP.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM: PKCS#8, RSA or EC). Re-read on SIGHUP.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require a client certificate signed by one of these CAs (PEM) from every client (mTLS);
+    /// the client's principal is then `User:<subject DN>`. Needs --tls-cert. Re-read on SIGHUP.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
     /// host:port clients are told to connect to (Metadata, FindCoordinator); defaults to the
     /// listening address.
     #[arg(long)]
@@ -168,13 +179,14 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         .listen
         .parse()
         .with_context(|| format!("--listen {:?}: expected host:port", args.listen))?;
-    // Safe by default: with no authentication, only this host may connect unless the operator
-    // says otherwise in so many words.
-    if !listen.ip().is_loopback() && !args.insecure_network {
+    // Safe by default: an unsecured listener serves only this host unless the operator says
+    // otherwise in so many words.
+    if !listen.ip().is_loopback() && !args.insecure_network && !listener_is_secured(&args) {
         bail!(
-            "--listen {listen}: not a loopback address, and nvmq has no TLS, SASL or ACLs yet (anyone who reaches the port could read, write and delete every topic); listen on 127.0.0.1, or pass --insecure-network on a trusted network"
+            "--listen {listen}: not a loopback address, and the listener has no TLS (anyone who reaches the port could read, write and delete every topic); configure --tls-cert and --tls-key, listen on 127.0.0.1, or pass --insecure-network on a trusted network"
         );
     }
+    let tls = tls_settings(&args)?;
     let cfg = LogConfig {
         flush,
         ..LogConfig::default()
@@ -280,6 +292,7 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         pin: !args.no_pin,
         spin: args.spin,
         queue_capacity: queue,
+        tls: tls.clone(),
         ..frontend::ServerOptions::default()
     };
     let shared: Vec<Arc<Shared>> = writers.iter().map(|w| w.shared()).collect();
@@ -328,8 +341,13 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         println!("CEILING MODE: Produce is answered without storing anything (benchmark only)");
     }
     println!(
-        "nvmq serving Kafka on {bound} (advertised as {host}:{port}), {} event loops",
-        server.loops()
+        "nvmq serving Kafka on {bound} (advertised as {host}:{port}), {} event loops{}",
+        server.loops(),
+        match &tls {
+            Some(t) if t.requires_client_cert() => ", TLS with client certificates",
+            Some(_) => ", TLS",
+            None => "",
+        }
     );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -338,6 +356,7 @@ pub fn run(args: ServeArgs) -> Result<Status> {
     let stopped = rt.block_on(async {
         tokio::select! {
             _ = stop_signal() => None,
+            _ = reload_on_hangup(tls.as_ref()) => None,
             s = writer_stopped(server.broker().logs().iter().map(|l| l.shared().clone()).collect()) => Some(s),
         }
     });
@@ -433,6 +452,54 @@ fn stop_bounded(server: frontend::Server) {
         // drop), without the bound.
         Err(e) => tracing::warn!(error = %e, "cannot start a thread to stop the broker"),
     }
+}
+
+/// Whether the listener authenticates the server to its clients (TLS), so that it may face a
+/// network: then a non-loopback --listen needs no --insecure-network. SASL extends it.
+pub fn listener_is_secured(args: &ServeArgs) -> bool {
+    args.tls_cert.is_some()
+}
+
+/// The TLS settings the flags name, read now: a file that is missing or wrong stops the start
+/// with an error naming it.
+fn tls_settings(args: &ServeArgs) -> Result<Option<frontend::tls::Tls>> {
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    let files = frontend::tls::TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: args.tls_client_ca.clone(),
+    };
+    Ok(Some(frontend::tls::Tls::load(files)?))
+}
+
+/// Re-reads the TLS files at each SIGHUP: new connections take them, open ones keep theirs, and
+/// a reload that fails leaves the settings in use. Never returns (without TLS it waits forever,
+/// and SIGHUP keeps its default action).
+async fn reload_on_hangup(tls: Option<&frontend::tls::Tls>) {
+    let Some(tls) = tls else {
+        return std::future::pending().await;
+    };
+    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGHUP: the TLS files will not be reloaded");
+            return std::future::pending().await;
+        }
+    };
+    while hup.recv().await.is_some() {
+        match tls.reload() {
+            Ok(()) => {
+                tracing::info!("SIGHUP: TLS certificate, key and client CA reloaded");
+                println!("TLS files reloaded");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: TLS reload failed; the previous certificate stays in use")
+            }
+        }
+    }
+    std::future::pending().await
 }
 
 /// SIGINT or SIGTERM.

@@ -406,8 +406,8 @@ fn serve_refuses_bad_sizes_and_an_endless_writer_stop_grace_naming_the_flag() {
     }
 }
 
-/// Safe by default (nvmq has no TLS, SASL or ACLs yet): a non-loopback --listen is refused,
-/// naming the flag that allows it; with that flag the broker starts on the address.
+/// Safe by default: without TLS a non-loopback --listen is refused, naming the flags that allow
+/// it (`serve_tls.rs` starts one with TLS); with that flag the broker starts on the address.
 #[test]
 fn serve_listens_beyond_loopback_only_when_told_the_network_is_trusted() {
     let r = nvmq_with(

@@ -212,3 +212,77 @@ fn kafka_bench_refuses_bad_scenarios_naming_the_bad_part() {
     assert_eq!(r.code, 1, "{r}");
     assert!(r.stderr.contains("127.0.0.1:1"), "{r}");
 }
+
+#[path = "../../frontend/tests/common/certs.rs"]
+mod certs;
+
+#[test]
+fn kafka_bench_runs_over_tls_and_mtls() {
+    let dir = temp_dir("kafka-bench-tls");
+    let ca = certs::Ca::new("nvmq test CA");
+    let clients = certs::Ca::new("client CA");
+    let server = ca.server(false);
+    let alice = clients.client(&[(rcgen::DnType::CommonName, "bench")]);
+    let p = |name: &str, text: &str| certs::write(&dir, name, text).display().to_string();
+    let (cert, key) = (p("s.pem", &server.cert_pem), p("s.key", &server.key_pem));
+    let (ca_file, client_ca) = (p("ca.pem", &ca.pem()), p("client-ca.pem", &clients.pem()));
+    let (acert, akey) = (p("a.pem", &alice.cert_pem), p("a.key", &alice.key_pem));
+    let s = Server::start(&[
+        "--device",
+        "sim:capacity=256M",
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--tls-client-ca",
+        &client_ca,
+    ]);
+    let mtls = [
+        "--tls-ca",
+        &ca_file,
+        "--tls-cert",
+        &acert,
+        "--tls-key",
+        &akey,
+    ];
+    let v = bench(&s, "closed:2,catchup:2000", &mtls);
+    let sc = v["scenarios"].as_array().expect("scenarios");
+    check_line(&sc[0], "closed:2", 2);
+    check_line(&sc[1], "catchup:2000", 1);
+    assert!(
+        sc[1]["catchup"]["records"].as_u64().unwrap_or(0) >= 2000,
+        "{v}"
+    );
+
+    // Without a client certificate the broker refuses the bench; without the CA it does not
+    // trust the broker.
+    let r = nvmq(&[
+        "kafka-bench",
+        "--broker",
+        &s.addr,
+        "--scenario",
+        "closed:1",
+        "--duration",
+        "1s",
+        "--tls-ca",
+        &ca_file,
+    ]);
+    assert_ne!(r.code, 0, "{r}");
+    let r = nvmq(&[
+        "kafka-bench",
+        "--broker",
+        &s.addr,
+        "--scenario",
+        "closed:1",
+        "--duration",
+        "1s",
+        "--tls-ca",
+        &client_ca,
+        "--tls-cert",
+        &acert,
+        "--tls-key",
+        &akey,
+    ]);
+    assert_ne!(r.code, 0, "{r}");
+    assert!(r.stderr.contains("UnknownIssuer"), "{r}");
+}

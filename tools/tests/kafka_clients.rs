@@ -456,3 +456,96 @@ fn every_acknowledged_message_survives_sigkill_of_the_broker() {
         "seed {seed}: the producer never got an ack"
     );
 }
+
+#[path = "../../frontend/tests/common/certs.rs"]
+mod certs;
+
+/// A CA, a broker certificate it signed (written as files in `dir`), and the serve flags for it.
+fn tls_files(dir: &Path) -> (certs::Ca, Vec<String>) {
+    let ca = certs::Ca::new("nvmq test CA");
+    let server = ca.server(false);
+    let cert = certs::write(dir, "server.pem", &server.cert_pem);
+    let key = certs::write(dir, "server.key", &server.key_pem);
+    let flags = vec![
+        "--tls-cert".to_string(),
+        cert.display().to_string(),
+        "--tls-key".to_string(),
+        key.display().to_string(),
+    ];
+    (ca, flags)
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn kcat_and_confluent_kafka_over_tls_and_an_untrusting_client_fails() {
+    let _turn = one_at_a_time();
+    let dir = tmp("kafka-tls");
+    let (ca, flags) = tls_files(&dir);
+    let ca_file = certs::write(&dir, "ca.pem", &ca.pem())
+        .display()
+        .to_string();
+    let s = Server::start_with("sim:capacity=256M,flush=500us", &strs(&flags));
+    let ssl = [
+        "-X",
+        "security.protocol=SSL",
+        "-X",
+        &format!("ssl.ca.location={ca_file}"),
+    ];
+    let input: String = (0..100).map(|i| format!("secret-{i}\n")).collect();
+    let produce = [
+        &["-P", "-b", &s.addr, "-t", "ktls", "-X", "acks=all"][..],
+        &ssl,
+    ]
+    .concat();
+    kcat(&produce, input.as_bytes());
+    let consume = [
+        &[
+            "-C",
+            "-b",
+            &s.addr,
+            "-t",
+            "ktls",
+            "-p",
+            "0",
+            "-o",
+            "beginning",
+            "-e",
+            "-f",
+            "%o %s\n",
+        ][..],
+        &ssl,
+    ]
+    .concat();
+    let want: String = (0..100).map(|i| format!("{i} secret-{i}\n")).collect();
+    assert_eq!(kcat(&consume, b""), want);
+
+    scenario(&s.addr, "tls", &[&ca_file]);
+    let other = certs::write(&dir, "other-ca.pem", &certs::Ca::new("other CA").pem());
+    scenario(&s.addr, "tls_untrusted", &[&other.display().to_string()]);
+}
+
+#[test]
+fn confluent_kafka_presents_a_client_certificate_under_mtls() {
+    let _turn = one_at_a_time();
+    let dir = tmp("kafka-mtls");
+    let (ca, mut flags) = tls_files(&dir);
+    let clients = certs::Ca::new("client CA");
+    let client_ca = certs::write(&dir, "client-ca.pem", &clients.pem());
+    flags.extend([
+        "--tls-client-ca".to_string(),
+        client_ca.display().to_string(),
+    ]);
+    let s = Server::start_with("sim:capacity=256M,flush=500us", &strs(&flags));
+    let alice = clients.client(&[(rcgen::DnType::CommonName, "alice")]);
+    let ca_file = certs::write(&dir, "ca.pem", &ca.pem());
+    let cert = certs::write(&dir, "alice.pem", &alice.cert_pem);
+    let key = certs::write(&dir, "alice.key", &alice.key_pem);
+    let paths: Vec<String> = [ca_file, cert, key]
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    scenario(&s.addr, "tls", &strs(&paths));
+}

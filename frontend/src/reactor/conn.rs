@@ -5,9 +5,11 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -15,12 +17,13 @@ use bytes::BytesMut;
 use kafka_protocol::messages::ApiKey;
 use nvmq_log::{Appended, LogError};
 use slab::Slab;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::checking::Waiting;
 use super::fast::{self, Arrival, ProduceSlot};
 use super::limits::{Admission, Charge};
+use super::secure::{self, Transport};
 use super::service::LoopCtx;
 use crate::conn::{self, Outcome, Parsed, Reply};
 use crate::session::Session;
@@ -266,13 +269,41 @@ fn spawn(ctx: &Rc<LoopCtx>, stream: TcpStream) {
         }
     };
     let _ = stream.set_nodelay(true);
-    let (r, st) = ctx.conns.insert();
     let ctx = ctx.clone();
-    tokio::task::spawn_local(async move {
-        serve(&ctx, r, &st, stream, admission).await;
-        // Answers still owed are dropped: their appends complete, unrouted.
-        ctx.conns.remove(r);
-    });
+    match ctx.server.opts.tls.clone() {
+        None => {
+            tokio::task::spawn_local(async move {
+                let session = Session::new(peer);
+                run(&ctx, stream, peer, session, admission).await;
+            });
+        }
+        // The handshake runs in the connection's task, bounded, and holds its admission (its
+        // place under the connection limits) meanwhile.
+        Some(tls) => {
+            tokio::task::spawn_local(async move {
+                let Some((stream, session)) = secure::handshake(&tls, stream, peer).await else {
+                    return;
+                };
+                if !ctx.server.stopping.load(Ordering::SeqCst) {
+                    run(&ctx, stream, peer, session, admission).await;
+                }
+            });
+        }
+    }
+}
+
+/// Serves a connection as one of the loop's.
+async fn run<S: Transport>(
+    ctx: &Rc<LoopCtx>,
+    stream: S,
+    peer: Option<SocketAddr>,
+    session: Arc<Session>,
+    admission: Admission,
+) {
+    let (r, st) = ctx.conns.insert();
+    serve(ctx, r, &st, stream, peer, session, admission).await;
+    // Answers still owed are dropped: their appends complete, unrouted.
+    ctx.conns.remove(r);
 }
 
 /// The loop's clock work: request timeouts at the head of each connection, idle connections.
@@ -322,18 +353,20 @@ enum Event {
     Woken,
     /// Output went out (or failed).
     Wrote(std::io::Result<usize>),
+    /// What the stream buffered of it went out too (TLS).
+    Flushed(std::io::Result<()>),
 }
 
 /// One connection: read and start requests, answer in order, one write per pass.
-async fn serve(
+async fn serve<S: Transport>(
     ctx: &Rc<LoopCtx>,
     r: ConnRef,
     st: &Rc<RefCell<ConnState>>,
-    mut stream: TcpStream,
+    mut stream: S,
+    peer: Option<SocketAddr>,
+    session: Arc<Session>,
     _admission: Admission,
 ) {
-    let peer = stream.peer_addr().ok();
-    let session = Session::new(peer);
     let cfg = &ctx.broker.cfg;
     let max_in_flight = cfg.max_in_flight_per_connection.max(1);
     let max_frame = cfg.max_frame;
@@ -358,6 +391,8 @@ async fn serve(
     let mut input = BytesMut::with_capacity(INPUT_CHUNK);
     let mut out: Vec<u8> = Vec::new();
     let mut sent = 0usize;
+    // Written into the stream's own buffer (TLS records) and not yet flushed to the socket.
+    let mut unflushed = false;
     let mut eof = false;
     let mut next_seq = 0u64;
     // Produce requests waiting for their checks, and the charges their checks gave back (dropped
@@ -530,6 +565,7 @@ async fn serve(
             let wants = Wants {
                 read: reading,
                 answer: answering,
+                flush: S::BUFFERS && unflushed,
             };
             poll_event(cx, st, &mut stream, &mut input, &out, sent, wants)
         })
@@ -540,12 +576,14 @@ async fn serve(
             Event::Woken => {}
             Event::Wrote(Ok(n)) => {
                 sent += n;
+                unflushed = S::BUFFERS;
                 if n > 0 {
                     // The client reads: the write timeout starts over.
                     st.borrow_mut().unsent_since = Some(Instant::now());
                 }
             }
-            Event::Wrote(Err(e)) => {
+            Event::Flushed(Ok(())) => unflushed = false,
+            Event::Wrote(Err(e)) | Event::Flushed(Err(e)) => {
                 tracing::debug!(?peer, error = %e, "write failed; closing");
                 return;
             }
@@ -555,7 +593,7 @@ async fn serve(
 
 /// Sends the answers owed to requests ahead of the one that closes the connection (briefly: a
 /// client that does not read loses them), then half-closes it so they arrive before the end.
-async fn flush_before_close(stream: &mut TcpStream, rest: &[u8]) {
+async fn flush_before_close<S: Transport>(stream: &mut S, rest: &[u8]) {
     let _ = tokio::time::timeout(CLOSE_FLUSH, async {
         if !rest.is_empty() {
             stream.write_all(rest).await?;
@@ -642,13 +680,15 @@ struct Wants {
     read: bool,
     /// The head slot's answer, from its future (its unsent answers leave room for one more).
     answer: bool,
+    /// The stream's own buffer to be flushed once everything is written to it.
+    flush: bool,
 }
 
 /// Waits for input, output progress, or a wake from the service task or the head answer.
-fn poll_event(
+fn poll_event<S: Transport>(
     cx: &mut Context<'_>,
     st: &Rc<RefCell<ConnState>>,
-    stream: &mut TcpStream,
+    stream: &mut S,
     input: &mut BytesMut,
     out: &[u8],
     sent: usize,
@@ -673,6 +713,10 @@ fn poll_event(
     if sent < out.len() {
         if let Poll::Ready(r) = Pin::new(&mut *stream).poll_write(cx, &out[sent..]) {
             return Poll::Ready(Event::Wrote(r));
+        }
+    } else if wants.flush {
+        if let Poll::Ready(r) = Pin::new(&mut *stream).poll_flush(cx) {
+            return Poll::Ready(Event::Flushed(r));
         }
     }
     if wants.read {

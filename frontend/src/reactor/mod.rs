@@ -21,6 +21,7 @@ mod conn;
 mod driver;
 mod fast;
 mod limits;
+mod secure;
 mod service;
 
 use std::net::SocketAddr;
@@ -56,6 +57,8 @@ pub struct ServerOptions {
     pub spin: Duration,
     /// For tests: a gate the checks of large and compressed batches pass before they run.
     pub check_gate: Option<CheckGate>,
+    /// TLS on the listener (every connection); None: plain TCP.
+    pub tls: Option<crate::tls::Tls>,
 }
 
 impl Default for ServerOptions {
@@ -67,6 +70,7 @@ impl Default for ServerOptions {
             append_budget: 64 << 20,
             spin: Duration::ZERO,
             check_gate: None,
+            tls: None,
         }
     }
 }

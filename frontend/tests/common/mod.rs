@@ -177,3 +177,23 @@ pub fn reopen(dev: SimDevice, cfg: Config) -> Arc<Broker> {
     let (w, _) = recovery::open(dev, lc.clone()).expect("open");
     Broker::open(Log::start(w, lc.queue_capacity), lc.queue_capacity, cfg).expect("broker")
 }
+
+/// A Fetch of partition 0 of `t` from `offset`, answered at once (up to 1 MiB).
+pub fn fetch_request(t: &str, offset: i64) -> kafka_protocol::messages::FetchRequest {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let mut p = FetchPartition::default();
+    p.fetch_offset = offset;
+    p.partition_max_bytes = 1 << 20;
+    let mut ft = FetchTopic::default();
+    ft.topic = TopicName(StrBytes::from_string(t.to_string()));
+    ft.partitions = vec![p];
+    let mut r = FetchRequest::default();
+    r.replica_id = BrokerId(-1);
+    r.max_wait_ms = 0;
+    r.min_bytes = 1;
+    r.max_bytes = 1 << 20;
+    r.topics = vec![ft];
+    r
+}

@@ -11,10 +11,10 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::dial::{Dial, Stream};
 use anyhow::{anyhow, bail, Context, Result};
 use hdrhistogram::Histogram;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use super::e2e::E2e;
 use super::wire::{self, set_correlation_id};
@@ -153,11 +153,11 @@ enum Up {
     Done(Result<Box<Totals>>),
 }
 
-/// Runs `tasks` against `addr` on `threads` client threads (tasks dealt round-robin, the first
+/// Runs `tasks` against the broker `dial` reaches on `threads` client threads (tasks dealt round-robin, the first
 /// task on the first thread). `on_start` sees the timing once every connection is open, before
 /// any request is sent.
 pub fn run(
-    addr: &str,
+    dial: &Dial,
     tasks: Vec<Task>,
     threads: usize,
     window: Window,
@@ -175,10 +175,10 @@ pub fn run(
     for (i, share) in shares.into_iter().enumerate() {
         let (start_tx, start_rx) = mpsc::channel();
         let (release_tx, release_rx) = mpsc::channel();
-        let (addr, up, abort) = (addr.to_string(), up_tx.clone(), abort.clone());
+        let (dial, up, abort) = (dial.clone(), up_tx.clone(), abort.clone());
         std::thread::Builder::new()
             .name(format!("kafka-bench-{i}"))
-            .spawn(move || client_thread(addr, share, up, start_rx, release_rx, abort))
+            .spawn(move || client_thread(dial, share, up, start_rx, release_rx, abort))
             .context("starting a client thread")?;
         starts.push(start_tx);
         releases.push(release_tx);
@@ -242,16 +242,8 @@ pub fn run(
     Ok((totals, Held { _release: releases }))
 }
 
-async fn connect(addr: &str) -> Result<TcpStream> {
-    let s = TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("connecting to the broker at {addr}"))?;
-    s.set_nodelay(true).context("setting TCP_NODELAY")?;
-    Ok(s)
-}
-
 fn client_thread(
-    addr: String,
+    dial: Dial,
     share: Vec<Task>,
     up: Sender<Up>,
     start: Receiver<Option<Timing>>,
@@ -281,7 +273,7 @@ fn client_thread(
         };
         let mut conns = Vec::with_capacity(share.len());
         for t in share {
-            match connect(&addr).await {
+            match dial.connect().await {
                 Ok(s) => conns.push((s, t)),
                 Err(e) => {
                     let _ = up.send(Up::Connected(Err(e)));
@@ -370,7 +362,7 @@ impl InBuf {
     }
 
     /// One read; 0 when the broker closed the connection.
-    async fn read(&mut self, s: &mut TcpStream) -> Result<usize> {
+    async fn read(&mut self, s: &mut Stream) -> Result<usize> {
         let need = match wire::frame_len(&self.b[self.lo..self.hi], self.max)? {
             Some(len) => 4 + len,
             None => 4,
@@ -392,6 +384,13 @@ impl InBuf {
     }
 }
 
+/// Writes `b` and flushes it: a TLS stream holds what it is given until flushed (on TCP the
+/// flush does nothing).
+async fn send_all(s: &mut Stream, b: &[u8]) -> Result<()> {
+    s.write_all(b).await.context("sending to the broker")?;
+    s.flush().await.context("sending to the broker")
+}
+
 /// Takes `n` records from a fill's budget; false once it is spent.
 fn take_budget(budget: &Option<Arc<AtomicI64>>, n: u64) -> bool {
     match budget {
@@ -403,12 +402,12 @@ fn take_budget(budget: &Option<Arc<AtomicI64>>, n: u64) -> bool {
 /// A producer connection: `window` requests in flight until the window ends (or the budget is
 /// spent), then the ones in flight are drained.
 async fn produce(
-    mut s: TcpStream,
+    mut s: Stream,
     t: ProduceTask,
     timing: Timing,
     stats: &RefCell<Totals>,
     abort: &AtomicBool,
-) -> Result<TcpStream> {
+) -> Result<Stream> {
     let frame: &[u8] = &t.frame;
     let mut out: Vec<u8> = Vec::with_capacity(frame.len() * t.window);
     let mut inflight: VecDeque<(i32, Instant)> = VecDeque::with_capacity(t.window);
@@ -431,7 +430,7 @@ async fn produce(
         first += 1;
     }
     send(first, &mut inflight, &mut out);
-    s.write_all(&out).await.context("sending to the broker")?;
+    send_all(&mut s, &out).await?;
     while !inflight.is_empty() {
         if inb.read(&mut s).await? == 0 {
             bail!(
@@ -479,7 +478,7 @@ async fn produce(
         }
         if again > 0 {
             send(again, &mut inflight, &mut out);
-            s.write_all(&out).await.context("sending to the broker")?;
+            send_all(&mut s, &out).await?;
         }
     }
     Ok(s)
@@ -487,12 +486,12 @@ async fn produce(
 
 /// A consumer connection: one Fetch at a time from `from`, until `to` or the window's end.
 async fn fetch(
-    mut s: TcpStream,
+    mut s: Stream,
     mut t: FetchTask,
     timing: Timing,
     stats: &RefCell<Totals>,
     abort: &AtomicBool,
-) -> Result<TcpStream> {
+) -> Result<Stream> {
     let mut inb = InBuf::new(64 << 10, t.max_answer);
     let mut next = t.from;
     let mut id = 1i32;
@@ -503,9 +502,7 @@ async fn fetch(
         set_correlation_id(&mut t.frame, id);
         wire::set_fetch_offset(&mut t.frame, t.offset_at, next);
         let sent = Instant::now();
-        s.write_all(&t.frame)
-            .await
-            .context("sending to the broker")?;
+        send_all(&mut s, &t.frame).await?;
         let (lo, hi) = loop {
             if let Some(r) = inb.next()? {
                 break r;

@@ -8,18 +8,20 @@
 //! the produce-to-consume table, `report.rs` the table and JSON, `scenario.rs` the scenario
 //! strings.
 
+mod dial;
 mod e2e;
 mod load;
 mod report;
 mod scenario;
 mod wire;
 
+use std::path::PathBuf;
 use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use frontend::client::Client;
+use frontend::tls::ClientFiles;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
@@ -28,6 +30,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use dial::Dial;
 use e2e::E2e;
 use load::{FetchTask, ProduceTask, Task, Totals, Window};
 use report::{CatchupFigures, E2eFigures, Latency, Line, Memory, Report};
@@ -99,10 +102,22 @@ pub struct KafkaBenchArgs {
     /// Print the results as one JSON object (one line) instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Connect over TLS, trusting the CAs in this PEM file (the broker's certificate must name
+    /// the host of --broker). Measures what TLS costs against the same broker without it.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// Present this client certificate (PEM) to a broker requiring one (mTLS); needs --tls-key
+    /// and --tls-ca.
+    #[arg(long, requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 struct Bench {
     args: KafkaBenchArgs,
+    dial: Dial,
     rt: tokio::runtime::Runtime,
     fetch_max_bytes: i32,
 }
@@ -149,8 +164,14 @@ pub fn run(args: KafkaBenchArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
+    let files = args.tls_ca.clone().map(|ca| ClientFiles {
+        ca,
+        identity: args.tls_cert.clone().zip(args.tls_key.clone()),
+    });
+    let dial = Dial::new(&args.broker, files)?;
     let b = Bench {
         args,
+        dial,
         rt,
         fetch_max_bytes,
     };
@@ -225,11 +246,8 @@ impl Bench {
 
     /// Creates the topic if missing; the partitions to use (what it has, at most `want`).
     fn ensure_topic(&self, name: &str, want: u32) -> Result<u32> {
-        let addr = self.args.broker.as_str();
         self.rt.block_on(async {
-            let mut c = Client::connect(addr, "kafka-bench")
-                .await
-                .with_context(|| format!("connecting to the broker at {addr}"))?;
+            let mut c = self.dial.client().await?;
             let mut t = CreatableTopic::default();
             t.name = topic_name(name);
             t.num_partitions = want as i32;
@@ -266,11 +284,8 @@ impl Bench {
 
     /// The partition's end (the next offset it will give).
     fn end_offset(&self, topic: &str, partition: i32) -> Result<i64> {
-        let addr = self.args.broker.as_str();
         self.rt.block_on(async {
-            let mut c = Client::connect(addr, "kafka-bench")
-                .await
-                .with_context(|| format!("connecting to the broker at {addr}"))?;
+            let mut c = self.dial.client().await?;
             let mut p = ListOffsetsPartition::default();
             p.partition_index = partition;
             p.timestamp = -1;
@@ -338,7 +353,7 @@ impl Bench {
             .collect();
         let pid = a.server_pid.filter(|_| sc.kind() == "conns");
         let before = pid.map(report::rss_hwm).transpose()?;
-        let (t, held) = load::run(&a.broker, tasks, a.client_threads, self.timed(), |_| {})?;
+        let (t, held) = load::run(&self.dial, tasks, a.client_threads, self.timed(), |_| {})?;
         let memory = match (pid, before) {
             (Some(pid), Some((rss0, hwm0))) => {
                 let (rss1, hwm1) = report::rss_hwm(pid)?;
@@ -402,11 +417,17 @@ impl Bench {
                 budget: None,
             })
         }));
-        let (t, held) = load::run(&a.broker, tasks, a.client_threads, self.timed(), |timing| {
-            if let Ok(mut e) = table.lock() {
-                e.set_window(timing);
-            }
-        })?;
+        let (t, held) = load::run(
+            &self.dial,
+            tasks,
+            a.client_threads,
+            self.timed(),
+            |timing| {
+                if let Ok(mut e) = table.lock() {
+                    e.set_window(timing);
+                }
+            },
+        )?;
         drop(held);
         let e = table
             .lock()
@@ -462,7 +483,7 @@ impl Bench {
             })
             .collect();
         let (fill, _) = load::run(
-            &a.broker,
+            &self.dial,
             tasks,
             a.client_threads,
             Window::Unbounded,
@@ -485,7 +506,7 @@ impl Bench {
             max_answer: self.fetch_max_bytes as usize + (4 << 20),
             e2e: None,
         })];
-        let (read, _): (Totals, _) = load::run(&a.broker, tasks, 1, Window::Unbounded, |_| {})?;
+        let (read, _): (Totals, _) = load::run(&self.dial, tasks, 1, Window::Unbounded, |_| {})?;
         let secs = read.fetch.span().as_secs_f64().max(1e-9);
         let fill_secs = fill.produce.span().as_secs_f64().max(1e-9);
         let mut l = self.line(sc, 1, 1, batch);

@@ -45,12 +45,14 @@ def ck_produce(topic, n, partitions, extra=None):
     return got
 
 
-def ck_read_all(topic, partitions, expect):
+def ck_read_all(topic, partitions, expect, extra=None):
     """Reads every partition from offset 0 with assign(); checks values and offsets."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": BOOT, "group.id": "reader", "enable.auto.commit": False,
-                  "auto.offset.reset": "earliest"})
+    conf = {"bootstrap.servers": BOOT, "group.id": "reader", "enable.auto.commit": False,
+            "auto.offset.reset": "earliest"}
+    conf.update(extra or {})
+    c = Consumer(conf)
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     seen = {}
     deadline = time.time() + 30
@@ -74,10 +76,10 @@ def ck_read_all(topic, partitions, expect):
     return seen
 
 
-def create_topic(topic, partitions):
+def create_topic(topic, partitions, extra=None):
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    a = AdminClient({"bootstrap.servers": BOOT})
+    a = AdminClient({"bootstrap.servers": BOOT, **(extra or {})})
     for f in a.create_topics([NewTopic(topic, num_partitions=partitions,
                                        replication_factor=1)]).values():
         f.result(10)
@@ -225,6 +227,43 @@ def committed():
     print(json.dumps({str(tp.partition): tp.offset for tp in res}))
 
 
+def tls():
+    """Over security.protocol=SSL trusting the CA in ARGS[0] (with the client certificate and
+    key in ARGS[1:3] when given): CreateTopics, produce acks=all, read back by offset."""
+    sec = {"security.protocol": "SSL", "ssl.ca.location": ARGS[0]}
+    if len(ARGS) == 3:
+        sec.update({"ssl.certificate.location": ARGS[1], "ssl.key.location": ARGS[2]})
+    topic, n = "tls", 500
+    create_topic(topic, 2, sec)
+    got = ck_produce(topic, n, 2, sec)
+    ck_read_all(topic, 2, got, sec)
+    print(f"ok: {n} messages produced and read back over TLS")
+
+
+def tls_untrusted():
+    """A client trusting only the CA in ARGS[0] (not the broker's) reaches no broker: its
+    metadata request fails, and librdkafka reports the certificate check that failed."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    errors = []
+    a = AdminClient({"bootstrap.servers": BOOT, "security.protocol": "SSL",
+                     "ssl.ca.location": ARGS[0], "error_cb": lambda e: errors.append(str(e)),
+                     "log_level": 0})
+    try:
+        a.list_topics(timeout=5)
+        fail("metadata answered to a client that does not trust the broker's certificate")
+    except KafkaException as e:
+        errors.append(str(e))
+    # error_cb runs only inside poll().
+    deadline = time.time() + 10
+    while not any("certificate verify failed" in e for e in errors) and time.time() < deadline:
+        a.poll(0.2)
+    if not any("certificate verify failed" in e for e in errors):
+        fail(f"no certificate verification error among {errors[:5]}")
+    print("ok: refused:", next(e for e in errors if "certificate verify failed" in e))
+
+
 def produce_log():
     """Produces forever (until killed or the broker dies), printing each acknowledged value."""
     from confluent_kafka import Producer
@@ -357,4 +396,6 @@ def acl_denied():
     "committed": committed,
     "produce_log": produce_log,
     "read_values": read_values,
+    "tls": tls,
+    "tls_untrusted": tls_untrusted,
 }[WHAT]()
