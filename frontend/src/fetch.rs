@@ -1,6 +1,7 @@
 //! Fetch (with long polling) and ListOffsets. Only durable records are ever served: the high
 //! watermark is the partition's durable end.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,19 +100,35 @@ fn read_once(
     budget = budget.min(i64::try_from(b.cfg.fetch_max_bytes).unwrap_or(i64::MAX));
     let mut total = 0i64;
     let mut failed = false;
+    // v13+ name topics by id: resolved once per topic, an unknown id answered per partition.
+    let by_id = ctx.version >= 13;
     for t in &req.topics {
         let mut tr = FetchableTopicResponse::default();
-        tr.topic = t.topic.clone();
+        let name = if by_id {
+            tr.topic_id = t.topic_id;
+            b.topics()
+                .name_of(&t.topic_id)
+                .map(|n| Cow::Owned(n.to_string()))
+        } else {
+            tr.topic = t.topic.clone();
+            Some(Cow::Borrowed(t.topic.as_str()))
+        };
         for p in &t.partitions {
             let mut pd = PartitionData::default();
             pd.partition_index = p.partition;
             if ctx.version >= 4 {
                 pd.aborted_transactions = Some(Vec::new());
             }
-            let pid = b.topics().partition(t.topic.as_str(), p.partition);
+            let pid = name
+                .as_deref()
+                .and_then(|n| b.topics().partition(n, p.partition));
             let bounds = pid.and_then(|id| b.bounds(id).map(|bd| (id, bd)));
             let Some((id, (start, end))) = bounds else {
-                pd.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION;
+                pd.error_code = if name.is_none() {
+                    codes::UNKNOWN_TOPIC_ID
+                } else {
+                    codes::UNKNOWN_TOPIC_OR_PARTITION
+                };
                 pd.high_watermark = -1;
                 pd.last_stable_offset = -1;
                 failed = true;
@@ -138,7 +155,7 @@ fn read_once(
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(topic = t.topic.as_str(), partition = p.partition, error = %e, "fetch failed");
+                        tracing::warn!(topic = name.as_deref().unwrap_or(""), partition = p.partition, error = %e, "fetch failed");
                         pd.error_code = log_error_code(&e);
                         failed = true;
                     }
@@ -193,11 +210,14 @@ pub fn list_offsets(b: &Arc<Broker>, ctx: &Ctx, req: ListOffsetsRequest) -> Repl
                 let pid = b.topics().partition(t.name.as_str(), p.partition_index);
                 match pid.and_then(|id| b.bounds(id).map(|bd| (id, bd))) {
                     None => pr.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION,
-                    Some((_, (start, end))) if p.timestamp == -2 => {
-                        let _ = end;
+                    // Earliest (-2), and earliest local (-4, v8+): everything is local here.
+                    Some((_, (start, _))) if matches!(p.timestamp, -2 | -4) => {
                         pr.offset = start as i64;
                     }
                     Some((_, (_, end))) if p.timestamp == -1 => pr.offset = end as i64,
+                    // Latest tiered (-5, v9+): nothing is tiered, so -1, as Kafka answers
+                    // for a topic without remote storage.
+                    Some(_) if p.timestamp == -5 => {}
                     Some((id, (start, end))) => {
                         match by_time(&b, id, start, end, p.timestamp).await {
                             Ok(Some((offset, ts))) => {

@@ -26,6 +26,7 @@ pub mod shape;
 pub mod snapshot_parts;
 mod startup;
 pub mod time_index;
+pub mod topic_ids;
 pub mod versions;
 
 pub use broker::{Broker, Config, Startup};
