@@ -7,6 +7,7 @@ use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
@@ -18,6 +19,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use nvmq_log::LogError;
+use uuid::Uuid;
 
 use crate::acl::{check, Operation};
 use crate::broker::{valid_topic_name, Broker};
@@ -60,30 +62,54 @@ fn name(s: &str) -> TopicName {
     TopicName(StrBytes::from_string(s.to_string()))
 }
 
+/// A topic a Metadata request asks for: by name, or (v10+) by id alone.
+enum Asked {
+    Name(String),
+    Id(Uuid),
+}
+
 pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply {
-    let requested: Option<Vec<String>> = match req.topics {
+    let requested: Option<Vec<Asked>> = match req.topics {
         // v0: an empty list means every topic.
         Some(t) if t.is_empty() && ctx.version == 0 => None,
         Some(t) => Some(
             t.into_iter()
-                .filter_map(|t| t.name.map(|n| n.as_str().to_string()))
+                .map(|t| match t.name {
+                    Some(n) => Asked::Name(n.as_str().to_string()),
+                    None => Asked::Id(t.topic_id),
+                })
                 .collect(),
         ),
         None => None,
     };
     let may_create = b.cfg.auto_create_topics && (ctx.version < 4 || req.allow_auto_topic_creation);
-    let names: Vec<(String, i16)> = match requested {
+    let names: Vec<(Option<String>, Uuid, i16)> = match requested {
         // Every topic the principal may describe; the others are left out, unnamed.
         None => {
             let all: Vec<String> = b.topics().map.keys().cloned().collect();
             all.into_iter()
                 .filter(|n| check::topic(b, ctx, Operation::Describe, n))
-                .map(|n| (n, codes::NONE))
+                .map(|n| (Some(n), Uuid::nil(), codes::NONE))
                 .collect()
         }
         Some(list) => {
             let mut out = Vec::new();
-            for n in list {
+            for asked in list {
+                let n = match asked {
+                    Asked::Name(n) => n,
+                    Asked::Id(id) => {
+                        // Never created by id: an id names a topic that exists.
+                        let n = b.topics().name_of(&id).map(|n| n.to_string());
+                        match n {
+                            Some(n) if !check::topic(b, ctx, Operation::Describe, &n) => {
+                                out.push((None, id, codes::TOPIC_AUTHORIZATION_FAILED))
+                            }
+                            Some(n) => out.push((Some(n), id, codes::NONE)),
+                            None => out.push((None, id, codes::UNKNOWN_TOPIC_ID)),
+                        }
+                        continue;
+                    }
+                };
                 let exists = b.topics().map.contains_key(&n);
                 // Refused before its existence is looked at, so that it is not disclosed.
                 let code = if !check::topic(b, ctx, Operation::Describe, &n) {
@@ -105,7 +131,7 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
                 } else {
                     codes::UNKNOWN_TOPIC_OR_PARTITION
                 };
-                out.push((n, code));
+                out.push((Some(n), Uuid::nil(), code));
             }
             out
         }
@@ -120,13 +146,25 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
         resp.cluster_id = Some(StrBytes::from_static_str(CLUSTER_ID));
     }
     resp.controller_id = BrokerId(if ctx.version >= 1 { NODE_ID } else { -1 });
+    if req.include_cluster_authorized_operations {
+        resp.cluster_authorized_operations = CLUSTER_OPERATIONS;
+    }
     let topics = b.topics();
-    for (n, code) in names {
+    for (n, asked_id, code) in names {
         let mut t = MetadataResponseTopic::default();
-        t.name = Some(name(&n));
         t.error_code = code;
+        if ctx.version >= 10 {
+            // The id of the topic now under that name (nil when there is none).
+            t.topic_id = n.as_deref().and_then(|n| topics.id(n)).unwrap_or(asked_id);
+        }
+        if code == codes::NONE && req.include_topic_authorized_operations {
+            t.topic_authorized_operations = TOPIC_OPERATIONS;
+        }
         if code == codes::NONE {
-            let count = topics.map.get(&n).map_or(0, |p| p.len());
+            let count = n
+                .as_ref()
+                .and_then(|n| topics.map.get(n))
+                .map_or(0, |p| p.len());
             for i in 0..count {
                 let mut p = MetadataResponsePartition::default();
                 p.partition_index = i as i32;
@@ -136,9 +174,25 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
                 t.partitions.push(p);
             }
         }
+        t.name = n.map(|n| name(&n));
         resp.topics.push(t);
     }
     ctx.ready(&resp)
+}
+
+/// What a principal may do, as Metadata v8+ report it when asked (a bit per Kafka AclOperation
+/// code). Without ACLs every client may do everything.
+const TOPIC_OPERATIONS: i32 = ops(&[3, 4, 5, 6, 7, 8, 10, 11]); // read … alter configs
+const CLUSTER_OPERATIONS: i32 = ops(&[5, 7, 8, 9, 10, 11, 12]); // create … idempotent write
+
+const fn ops(codes: &[u8]) -> i32 {
+    let mut bits = 0i32;
+    let mut i = 0;
+    while i < codes.len() {
+        bits |= 1 << codes[i];
+        i += 1;
+    }
+    bits
 }
 
 /// The Kafka error for a create the log refused: a full registry is the broker's policy (a
@@ -211,6 +265,16 @@ pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest)
         if code != codes::NONE && ctx.version >= 1 {
             r.error_message = Some(StrBytes::from_string(msg));
         }
+        // v5+: what was created (Kafka's -1 on an error), v7+ its id. Its configs are the
+        // broker's defaults, which DescribeConfigs lists: none is set per topic here.
+        if code == codes::NONE && ctx.version >= 5 {
+            r.num_partitions = partitions.map_or(-1, |p| p as i32);
+            r.replication_factor = 1;
+            r.configs = Some(Vec::new());
+        }
+        if code == codes::NONE && ctx.version >= 7 {
+            r.topic_id = b.topics().id(&n).unwrap_or_default();
+        }
         resp.topics.push(r);
     }
     ctx.ready(&resp)
@@ -273,21 +337,59 @@ pub async fn create_partitions(b: &Arc<Broker>, ctx: &Ctx, req: CreatePartitions
 
 pub async fn delete_topics(b: &Arc<Broker>, ctx: &Ctx, req: DeleteTopicsRequest) -> Reply {
     let mut resp = DeleteTopicsResponse::default();
-    for t in req.topic_names {
+    // v6 names each topic by name or by id.
+    let asked: Vec<(Option<TopicName>, Uuid)> = if ctx.version >= 6 {
+        req.topics
+            .into_iter()
+            .map(|t| (t.name, t.topic_id))
+            .collect()
+    } else {
+        req.topic_names
+            .into_iter()
+            .map(|n| (Some(n), Uuid::nil()))
+            .collect()
+    };
+    for (asked_name, asked_id) in asked {
         let mut r = DeletableTopicResult::default();
+        r.topic_id = asked_id;
+        let t = match asked_name {
+            Some(n) => Some(n),
+            None => b.topics().name_of(&asked_id).map(name),
+        };
+        let Some(t) = t else {
+            r.error_code = codes::UNKNOWN_TOPIC_ID; // v6 only: only it names topics by id
+            r.error_message = Some(StrBytes::from_string(format!(
+                "no topic with id {asked_id}"
+            )));
+            resp.responses.push(r);
+            continue;
+        };
+        if ctx.version >= 6 {
+            r.topic_id = b.topics().id(t.as_str()).unwrap_or(asked_id);
+        }
         r.name = Some(t.clone());
-        r.error_code = if !check::topic(b, ctx, Operation::Delete, t.as_str()) {
-            codes::TOPIC_AUTHORIZATION_FAILED
+        let (code, msg) = if !check::topic(b, ctx, Operation::Delete, t.as_str()) {
+            (
+                codes::TOPIC_AUTHORIZATION_FAILED,
+                Some(format!("not allowed to delete topic {:?}", t.as_str())),
+            )
         } else {
             match b.delete_topic(t.as_str()).await {
-                Ok(true) => codes::NONE,
-                Ok(false) => codes::UNKNOWN_TOPIC_OR_PARTITION,
+                Ok(true) => (codes::NONE, None),
+                Ok(false) => (
+                    codes::UNKNOWN_TOPIC_OR_PARTITION,
+                    Some(format!("no topic {:?}", t.as_str())),
+                ),
                 Err(e) => {
                     tracing::warn!(topic = t.as_str(), error = %e, "deleting a topic failed");
-                    codes::KAFKA_STORAGE_ERROR
+                    (codes::KAFKA_STORAGE_ERROR, Some(e.to_string()))
                 }
             }
         };
+        r.error_code = code;
+        if ctx.version >= 5 {
+            r.error_message = msg.map(StrBytes::from_string);
+        }
         resp.responses.push(r);
     }
     ctx.ready(&resp)
@@ -295,23 +397,71 @@ pub async fn delete_topics(b: &Arc<Broker>, ctx: &Ctx, req: DeleteTopicsRequest)
 
 pub fn find_coordinator(b: &Arc<Broker>, ctx: &Ctx, req: FindCoordinatorRequest) -> Reply {
     let mut resp = FindCoordinatorResponse::default();
-    if req.key_type == 0 && !check::group(b, ctx, Operation::Describe, req.key.as_str()) {
-        resp.error_code = codes::GROUP_AUTHORIZATION_FAILED;
-        resp.node_id = BrokerId(-1);
-        resp.port = -1;
-    } else if req.key_type != 0 {
-        resp.error_code = codes::COORDINATOR_NOT_AVAILABLE;
-        resp.node_id = BrokerId(-1);
-        resp.port = -1;
-        if ctx.version >= 1 {
-            resp.error_message = Some(StrBytes::from_static_str("transactions are not supported"));
-        }
+    if ctx.version >= 4 {
+        // Batched (KIP-699): one answer per key.
+        resp.coordinators = req
+            .coordinator_keys
+            .into_iter()
+            .map(|key| {
+                let (code, message, node, host, port) = coordinator(b, ctx, req.key_type, &key);
+                let mut c = Coordinator::default();
+                c.key = key;
+                c.error_code = code;
+                c.error_message = message;
+                c.node_id = node;
+                c.host = host;
+                c.port = port;
+                c
+            })
+            .collect();
     } else {
-        resp.node_id = BrokerId(NODE_ID);
-        resp.host = StrBytes::from_string(b.cfg.advertise_host.clone());
-        resp.port = b.cfg.advertise_port;
+        let (code, message, node, host, port) = coordinator(b, ctx, req.key_type, &req.key);
+        resp.error_code = code;
+        if ctx.version >= 1 {
+            resp.error_message = message;
+        }
+        resp.node_id = node;
+        resp.host = host;
+        resp.port = port;
     }
     ctx.ready(&resp)
+}
+
+/// The coordinator of a key of `key_type`: this broker for groups the principal may describe;
+/// none for transactions.
+fn coordinator(
+    b: &Broker,
+    ctx: &Ctx,
+    key_type: i8,
+    key: &StrBytes,
+) -> (i16, Option<StrBytes>, BrokerId, StrBytes, i32) {
+    if key_type == 0 && !check::group(b, ctx, Operation::Describe, key.as_str()) {
+        return (
+            codes::GROUP_AUTHORIZATION_FAILED,
+            None,
+            BrokerId(-1),
+            StrBytes::default(),
+            -1,
+        );
+    }
+    if key_type != 0 {
+        let why = Some(StrBytes::from_static_str("transactions are not supported"));
+        return (
+            codes::COORDINATOR_NOT_AVAILABLE,
+            why,
+            BrokerId(-1),
+            StrBytes::default(),
+            -1,
+        );
+    }
+    let host = StrBytes::from_string(b.cfg.advertise_host.clone());
+    (
+        codes::NONE,
+        None,
+        BrokerId(NODE_ID),
+        host,
+        b.cfg.advertise_port,
+    )
 }
 
 pub fn init_producer_id(b: &Arc<Broker>, ctx: &Ctx, req: InitProducerIdRequest) -> Reply {
@@ -321,7 +471,10 @@ pub fn init_producer_id(b: &Arc<Broker>, ctx: &Ctx, req: InitProducerIdRequest) 
         let mut resp = InitProducerIdResponse::default();
         resp.producer_id = kafka_protocol::messages::ProducerId(-1);
         resp.producer_epoch = -1;
-        if req.transactional_id.as_ref().is_some_and(|t| !t.is_empty()) {
+        // v3+ may name the producer (id and epoch, both or neither) to bump its epoch. As in
+        // Kafka, a producer without a transactional id gets a new id instead.
+        let named = (req.producer_id.0 != -1, req.producer_epoch != -1);
+        if req.transactional_id.as_ref().is_some_and(|t| !t.is_empty()) || named.0 != named.1 {
             resp.error_code = codes::INVALID_REQUEST;
         } else if !check::cluster(&b, &ctx, Operation::IdempotentWrite) {
             resp.error_code = codes::CLUSTER_AUTHORIZATION_FAILED;

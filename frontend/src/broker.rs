@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use nvmq_log::{Appended, Log, LogError};
 use tokio::sync::{oneshot, watch, Semaphore};
+use uuid::Uuid;
 
 use crate::groups::Groups;
 use crate::meta::{MetaRecord, META_TOPIC, OFFSETS_TOPIC};
@@ -16,6 +17,7 @@ use crate::part::{self, PartRef};
 use crate::producer_snapshots;
 use crate::producers::{self as producers_mod, Producers};
 use crate::startup;
+use crate::topic_ids;
 use crate::FrontendError;
 
 /// How the broker presents itself and what it allows.
@@ -117,9 +119,51 @@ pub struct Topics {
     pub map: BTreeMap<String, Vec<PartRef>>,
     /// How often each name was deleted: the log name of its current incarnation.
     incarnation: HashMap<String, u32>,
+    /// Each live topic's id (`topic_ids`), both ways: requests name topics by id too.
+    ids: HashMap<String, Uuid>,
+    names: HashMap<Uuid, String>,
 }
 
 impl Topics {
+    fn new(map: BTreeMap<String, Vec<PartRef>>, incarnation: HashMap<String, u32>) -> Topics {
+        let mut t = Topics {
+            map: BTreeMap::new(),
+            incarnation,
+            ids: HashMap::new(),
+            names: HashMap::new(),
+        };
+        for (name, parts) in map {
+            t.insert(name, parts);
+        }
+        t
+    }
+
+    fn insert(&mut self, name: String, parts: Vec<PartRef>) {
+        let id = topic_ids::of(&self.log_name(&name));
+        self.ids.insert(name.clone(), id);
+        self.names.insert(id, name.clone());
+        self.map.insert(name, parts);
+    }
+
+    /// Takes a deleted topic out; `incarnation`: how often its name has been deleted now.
+    fn remove(&mut self, name: &str, incarnation: u32) {
+        self.map.remove(name);
+        if let Some(id) = self.ids.remove(name) {
+            self.names.remove(&id);
+        }
+        self.incarnation.insert(name.to_string(), incarnation);
+    }
+
+    /// A live topic's id.
+    pub fn id(&self, name: &str) -> Option<Uuid> {
+        self.ids.get(name).copied()
+    }
+
+    /// The live topic with id `id`.
+    pub fn name_of(&self, id: &Uuid) -> Option<&str> {
+        self.names.get(id).map(String::as_str)
+    }
+
     fn log_name(&self, name: &str) -> String {
         match self.incarnation.get(name).copied().unwrap_or(0) {
             0 => name.to_string(),
@@ -230,10 +274,7 @@ impl Broker {
         let internal = startup::internal_partitions(&logs)?;
         let producers = Arc::new(Producers::new(cfg.producer_id_expiration));
         let replayed = startup::replay(&logs, &internal, &producers)?;
-        let topics = Topics {
-            map: replayed.topics,
-            incarnation: replayed.incarnation,
-        };
+        let topics = Topics::new(replayed.topics, replayed.incarnation);
         let (tx, _) = watch::channel(0u64);
         let stop = Arc::new(AtomicBool::new(false));
         if watch_thread {
@@ -427,7 +468,7 @@ impl Broker {
             t.log_name(name)
         };
         let ids = self.create_partitions(&log_name, 0..partitions).await?;
-        self.topics().map.insert(name.to_string(), ids);
+        self.topics().insert(name.to_string(), ids);
         tracing::info!(topic = name, partitions, "topic created");
         Ok(true)
     }
@@ -610,9 +651,7 @@ impl Broker {
         )
         .await?;
         {
-            let mut t = self.topics();
-            t.map.remove(name);
-            t.incarnation.insert(name.to_string(), incarnation);
+            self.topics().remove(name, incarnation);
         }
         if let Err(e) = self.delete_log_partitions(&parts).await {
             tracing::warn!(topic = name, error = %e, "could not delete the topic's log partitions; the next start deletes them");

@@ -34,3 +34,4 @@ pub const KAFKA_STORAGE_ERROR: i16 = 56;
 pub const UNSUPPORTED_COMPRESSION_TYPE: i16 = 76;
 pub const INVALID_RECORD: i16 = 87;
 pub const UNKNOWN_SERVER_ERROR: i16 = -1;
+pub const UNKNOWN_TOPIC_ID: i16 = 100;

@@ -1,10 +1,12 @@
 //! Fetch (with long polling) and ListOffsets. Only durable records are ever served: the high
 //! watermark is the partition's durable end.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use kafka_protocol::messages::fetch_request::FetchTopic;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
@@ -91,9 +93,23 @@ pub fn denied_topics(b: &Broker, ctx: &Ctx, req: &FetchRequest) -> Denied {
     let d: Vec<bool> = req
         .topics
         .iter()
-        .map(|t| !acl::check::topic(b, ctx, Operation::Read, t.topic.as_str()))
+        .map(|t| {
+            // A topic id nvmq does not know is answered UNKNOWN_TOPIC_ID, not refused.
+            topic_name(b, ctx, t).is_some_and(|n| !acl::check::topic(b, ctx, Operation::Read, &n))
+        })
         .collect();
     d.contains(&true).then(|| d.into())
+}
+
+/// The topic a Fetch names: by name below v13, by id from v13 (None: an id nvmq does not know).
+fn topic_name<'a>(b: &Broker, ctx: &Ctx, t: &'a FetchTopic) -> Option<Cow<'a, str>> {
+    if ctx.version >= 13 {
+        b.topics()
+            .name_of(&t.topic_id)
+            .map(|n| Cow::Owned(n.to_string()))
+    } else {
+        Some(Cow::Borrowed(t.topic.as_str()))
+    }
 }
 
 /// Reads a partition's records for a fetch; None when it would block.
@@ -122,7 +138,12 @@ fn read_once(
     let mut readable = 0;
     for (ti, t) in req.topics.iter().enumerate() {
         let mut tr = FetchableTopicResponse::default();
-        tr.topic = t.topic.clone();
+        let name = topic_name(b, ctx, t);
+        if ctx.version >= 13 {
+            tr.topic_id = t.topic_id;
+        } else {
+            tr.topic = t.topic.clone();
+        }
         let refused = denied.as_ref().is_some_and(|d| d.get(ti) == Some(&true));
         readable += usize::from(!refused);
         for p in &t.partitions {
@@ -138,10 +159,16 @@ fn read_once(
                 tr.partitions.push(pd);
                 continue;
             }
-            let pid = b.topics().partition(t.topic.as_str(), p.partition);
+            let pid = name
+                .as_deref()
+                .and_then(|n| b.topics().partition(n, p.partition));
             let bounds = pid.and_then(|id| b.bounds(id).map(|bd| (id, bd)));
             let Some((id, (start, end))) = bounds else {
-                pd.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION;
+                pd.error_code = if name.is_none() {
+                    codes::UNKNOWN_TOPIC_ID
+                } else {
+                    codes::UNKNOWN_TOPIC_OR_PARTITION
+                };
                 pd.high_watermark = -1;
                 pd.last_stable_offset = -1;
                 failed = true;
@@ -168,7 +195,7 @@ fn read_once(
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(topic = t.topic.as_str(), partition = p.partition, error = %e, "fetch failed");
+                        tracing::warn!(topic = name.as_deref().unwrap_or(""), partition = p.partition, error = %e, "fetch failed");
                         pd.error_code = log_error_code(&e);
                         failed = true;
                     }
@@ -228,11 +255,14 @@ pub fn list_offsets(b: &Arc<Broker>, ctx: &Ctx, req: ListOffsetsRequest) -> Repl
                 match pid.and_then(|id| b.bounds(id).map(|bd| (id, bd))) {
                     _ if !allowed => pr.error_code = codes::TOPIC_AUTHORIZATION_FAILED,
                     None => pr.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION,
-                    Some((_, (start, end))) if p.timestamp == -2 => {
-                        let _ = end;
+                    // Earliest (-2), and earliest local (-4, v8+): everything is local here.
+                    Some((_, (start, _))) if matches!(p.timestamp, -2 | -4) => {
                         pr.offset = start as i64;
                     }
                     Some((_, (_, end))) if p.timestamp == -1 => pr.offset = end as i64,
+                    // Latest tiered (-5, v9+): nothing is tiered, so -1, as Kafka answers
+                    // for a topic without remote storage.
+                    Some(_) if p.timestamp == -5 => {}
                     Some((id, (start, end))) => {
                         match by_time(&b, id, start, end, p.timestamp).await {
                             Ok(Some((offset, ts))) => {

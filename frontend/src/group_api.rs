@@ -10,7 +10,8 @@ use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponsePartition, OffsetCommitResponseTopic,
 };
 use kafka_protocol::messages::offset_fetch_response::{
-    OffsetFetchResponsePartition, OffsetFetchResponseTopic,
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
+    OffsetFetchResponseTopic, OffsetFetchResponseTopics,
 };
 use kafka_protocol::messages::{
     HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest,
@@ -84,6 +85,10 @@ pub fn join(b: &Arc<Broker>, ctx: &Ctx, req: JoinGroupRequest) -> Reply {
         resp.error_code = r.error;
         resp.generation_id = r.generation;
         resp.protocol_name = Some(s(r.protocol.as_deref().unwrap_or("")));
+        if ctx.version >= 7 {
+            // The group's protocol type (null until the group has one).
+            resp.protocol_type = r.protocol_type.as_deref().map(s);
+        }
         resp.leader = s(&r.leader);
         resp.member_id = s(&r.member_id);
         resp.members = r
@@ -106,6 +111,8 @@ pub fn sync(b: &Arc<Broker>, ctx: &Ctx, req: SyncGroupRequest) -> Reply {
         resp.error_code = codes::GROUP_AUTHORIZATION_FAILED;
         return ctx.ready(&resp);
     }
+    // v5+ say which protocol the member synced for; Kafka refuses a mismatch.
+    let expected = (req.protocol_type.clone(), req.protocol_name.clone());
     let assignments = req
         .assignments
         .into_iter()
@@ -127,8 +134,23 @@ pub fn sync(b: &Arc<Broker>, ctx: &Ctx, req: SyncGroupRequest) -> Reply {
             }),
         };
         let mut resp = SyncGroupResponse::default();
+        let differs = |asked: &Option<StrBytes>, group: &Option<String>| {
+            asked
+                .as_ref()
+                .is_some_and(|a| group.as_deref() != Some(a.as_str()))
+        };
+        if r.error == codes::NONE
+            && (differs(&expected.0, &r.protocol_type) || differs(&expected.1, &r.protocol))
+        {
+            resp.error_code = codes::INCONSISTENT_GROUP_PROTOCOL;
+            return ctx.encode(&resp);
+        }
         resp.error_code = r.error;
         resp.assignment = r.assignment;
+        if ctx.version >= 5 {
+            resp.protocol_type = r.protocol_type.as_deref().map(s);
+            resp.protocol_name = r.protocol.as_deref().map(s);
+        }
         ctx.encode(&resp)
     })
 }
@@ -298,80 +320,145 @@ pub async fn offset_commit(b: &Arc<Broker>, ctx: &Ctx, req: OffsetCommitRequest)
 }
 
 pub fn offset_fetch(b: &Arc<Broker>, ctx: &Ctx, req: OffsetFetchRequest) -> Reply {
-    let group = req.group_id.as_str();
     let mut resp = OffsetFetchResponse::default();
-    let entry = |idx: i32, c: Option<crate::offsets::Committed>| {
-        let mut p = OffsetFetchResponsePartition::default();
-        p.partition_index = idx;
-        match c {
-            Some(c) => {
-                p.committed_offset = c.offset;
-                p.committed_leader_epoch = c.leader_epoch;
-                p.metadata = Some(s(c.metadata.as_deref().unwrap_or("")));
-            }
-            None => {
-                p.committed_offset = -1;
-                p.committed_leader_epoch = -1;
-                p.metadata = Some(s(""));
-            }
-        }
-        p
-    };
-    // Kafka's: Describe on the group, then on each topic (an unauthorized one named gets
-    // TOPIC_AUTHORIZATION_FAILED per partition; asked for all, it is left out).
-    if !may(b, ctx, Operation::Describe, group) {
-        resp.error_code = codes::GROUP_AUTHORIZATION_FAILED;
-        if let Some(topics) = req.topics {
-            for t in topics {
-                let mut tr = OffsetFetchResponseTopic::default();
-                tr.name = t.name.clone();
-                for idx in t.partition_indexes {
-                    let mut p = entry(idx, None);
-                    p.error_code = codes::GROUP_AUTHORIZATION_FAILED;
-                    tr.partitions.push(p);
-                }
-                resp.topics.push(tr);
-            }
-        }
+    if ctx.version >= 8 {
+        // Several groups at once (KIP-709), each answered in the same layout.
+        resp.groups = req
+            .groups
+            .into_iter()
+            .map(|g| {
+                let asked = g.topics.map(|ts| {
+                    ts.into_iter()
+                        .map(|t| (t.name, t.partition_indexes))
+                        .collect()
+                });
+                let mut gr = OffsetFetchResponseGroup::default();
+                let (code, topics) = committed(b, ctx, g.group_id.as_str(), asked);
+                gr.error_code = code;
+                gr.topics = topics
+                    .into_iter()
+                    .map(|(name, parts)| {
+                        let mut tr = OffsetFetchResponseTopics::default();
+                        tr.name = name;
+                        tr.partitions = parts
+                            .into_iter()
+                            .map(|(idx, c)| {
+                                let mut p = OffsetFetchResponsePartitions::default();
+                                p.partition_index = idx;
+                                (p.committed_offset, p.committed_leader_epoch, p.metadata) =
+                                    fields(c.as_ref().ok().cloned().flatten());
+                                p.error_code = c.err().unwrap_or(codes::NONE);
+                                p
+                            })
+                            .collect();
+                        tr
+                    })
+                    .collect();
+                gr.group_id = g.group_id;
+                gr
+            })
+            .collect();
         return ctx.ready(&resp);
     }
+    let asked = req.topics.map(|ts| {
+        ts.into_iter()
+            .map(|t| (t.name, t.partition_indexes))
+            .collect()
+    });
+    let (code, topics) = committed(b, ctx, req.group_id.as_str(), asked);
+    if ctx.version >= 2 {
+        resp.error_code = code; // v0-1 have only the partitions' codes
+    }
+    resp.topics = topics
+        .into_iter()
+        .map(|(name, parts)| {
+            let mut tr = OffsetFetchResponseTopic::default();
+            tr.name = name;
+            tr.partitions = parts
+                .into_iter()
+                .map(|(idx, c)| {
+                    let mut p = OffsetFetchResponsePartition::default();
+                    p.partition_index = idx;
+                    (p.committed_offset, p.committed_leader_epoch, p.metadata) =
+                        fields(c.as_ref().ok().cloned().flatten());
+                    p.error_code = c.err().unwrap_or(codes::NONE);
+                    p
+                })
+                .collect();
+            tr
+        })
+        .collect();
+    ctx.ready(&resp)
+}
+
+/// A partition's committed offset (None: nothing committed), or the error it is answered with.
+type Entry = (i32, Result<Option<crate::offsets::Committed>, i16>);
+
+/// A group's committed offsets for the partitions asked (None: every one it has), by topic.
+type Committed = Vec<(TopicName, Vec<Entry>)>;
+
+/// The group's error code and its committed offsets for the partitions asked, as the principal
+/// may see them (Kafka's checks: Describe on the group, then on each topic; an unauthorized topic
+/// named gets TOPIC_AUTHORIZATION_FAILED per partition, asked for all it is left out).
+fn committed(
+    b: &Broker,
+    ctx: &Ctx,
+    group: &str,
+    asked: Option<Vec<(TopicName, Vec<i32>)>>,
+) -> (i16, Committed) {
+    let refused = |code: i16, idxs: Vec<i32>| idxs.into_iter().map(|i| (i, Err(code))).collect();
+    if !may(b, ctx, Operation::Describe, group) {
+        let code = codes::GROUP_AUTHORIZATION_FAILED;
+        let topics = asked
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, idxs)| (name, refused(code, idxs)))
+            .collect();
+        return (code, topics);
+    }
     let describe = |topic: &str| acl::check::topic(b, ctx, Operation::Describe, topic);
-    match req.topics {
-        Some(topics) => {
-            for t in topics {
-                let mut tr = OffsetFetchResponseTopic::default();
-                tr.name = t.name.clone();
-                let allowed = describe(t.name.as_str());
-                for idx in t.partition_indexes {
-                    if !allowed {
-                        let mut p = entry(idx, None);
-                        p.error_code = codes::TOPIC_AUTHORIZATION_FAILED;
-                        tr.partitions.push(p);
-                        continue;
-                    }
-                    tr.partitions
-                        .push(entry(idx, b.offsets.get(group, t.name.as_str(), idx)));
+    let topics = match asked {
+        Some(topics) => topics
+            .into_iter()
+            .map(|(name, idxs)| {
+                if !describe(name.as_str()) {
+                    return (name, refused(codes::TOPIC_AUTHORIZATION_FAILED, idxs));
                 }
-                resp.topics.push(tr);
-            }
-        }
+                let parts = idxs
+                    .into_iter()
+                    .map(|i| (i, Ok(b.offsets.get(group, name.as_str(), i))))
+                    .collect();
+                (name, parts)
+            })
+            .collect(),
         None => {
-            let mut by_topic: Vec<OffsetFetchResponseTopic> = Vec::new();
+            let mut by_topic: Committed = Vec::new();
             for ((topic, idx), c) in b.offsets.all(group) {
                 if !describe(&topic) {
                     continue;
                 }
-                if by_topic.last().is_none_or(|t| t.name.as_str() != topic) {
-                    let mut tr = OffsetFetchResponseTopic::default();
-                    tr.name = TopicName(s(&topic));
-                    by_topic.push(tr);
+                if by_topic.last().is_none_or(|(t, _)| t.as_str() != topic) {
+                    by_topic.push((TopicName(s(&topic)), Vec::new()));
                 }
-                if let Some(tr) = by_topic.last_mut() {
-                    tr.partitions.push(entry(idx, Some(c)));
+                if let Some((_, parts)) = by_topic.last_mut() {
+                    parts.push((idx, Ok(Some(c))));
                 }
             }
-            resp.topics = by_topic;
+            by_topic
         }
+    };
+    (codes::NONE, topics)
+}
+
+/// (offset, leader epoch, metadata) of a partition's answer: -1s and "" when nothing is
+/// committed.
+fn fields(c: Option<crate::offsets::Committed>) -> (i64, i32, Option<StrBytes>) {
+    match c {
+        Some(c) => (
+            c.offset,
+            c.leader_epoch,
+            Some(s(c.metadata.as_deref().unwrap_or(""))),
+        ),
+        None => (-1, -1, Some(s(""))),
     }
-    ctx.ready(&resp)
 }

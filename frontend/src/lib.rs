@@ -28,6 +28,7 @@ pub mod snapshot_parts;
 mod startup;
 pub mod time_index;
 pub mod tls;
+pub mod topic_ids;
 pub mod versions;
 
 pub use broker::{Broker, Config, Startup};

@@ -1,14 +1,18 @@
 //! A walk over a request body before the codec decodes it. The codec sizes each array from the
 //! count on the wire before reading a single element, so a frame claiming two billion elements
 //! would make it allocate gigabytes (and abort the process). The walk touches every length and
-//! count of the served (non-flexible) versions without allocating, and refuses a body whose
-//! counts or lengths run past its end; after it, every count the codec sees is backed by bytes.
+//! count of the served versions, flexible ones too (varint lengths, tagged fields), without
+//! allocating, and refuses a body whose counts or lengths run past its end; after it, every
+//! count the codec sees is backed by bytes.
 
 use kafka_protocol::messages::ApiKey;
 
 struct Walk<'a> {
     b: &'a [u8],
     at: usize,
+    /// A flexible version: compact strings, bytes and arrays (unsigned varint lengths, plus
+    /// one), and tagged fields after every struct.
+    flex: bool,
 }
 
 type R = Result<(), String>;
@@ -36,6 +40,25 @@ impl Walk<'_> {
         }
         Ok(v)
     }
+    /// An unsigned varint of at most 32 bits, as the codec reads them.
+    fn uvarint(&mut self, what: &str) -> Result<u32, String> {
+        let start = self.at;
+        let mut v: u64 = 0;
+        for i in 0..5 {
+            let Some(&x) = self.b.get(self.at) else {
+                return Err(format!("{what} at byte {start}: the varint ends early"));
+            };
+            self.at += 1;
+            v |= u64::from(x & 0x7f) << (7 * i);
+            if x & 0x80 == 0 {
+                return u32::try_from(v)
+                    .map_err(|_| format!("{what} at byte {start}: varint {v} exceeds 32 bits"));
+            }
+        }
+        Err(format!(
+            "{what} at byte {start}: varint longer than 5 bytes"
+        ))
+    }
     fn i8(&mut self) -> R {
         self.skip(1, "int8")
     }
@@ -48,86 +71,81 @@ impl Walk<'_> {
     fn i64(&mut self) -> R {
         self.skip(8, "int64")
     }
-    fn string(&mut self, nullable: bool) -> R {
-        let n = self.int(2, "string length")?;
+    fn uuid(&mut self) -> R {
+        self.skip(16, "uuid")
+    }
+    /// A length (strings: int16, bytes: int32; compact: varint less one), None for null.
+    fn len(&mut self, wide: usize, nullable: bool, what: &str) -> Result<Option<usize>, String> {
+        let at = self.at;
+        let n = if self.flex {
+            i64::from(self.uvarint(what)?) - 1
+        } else {
+            self.int(wide, what)?
+        };
         match n {
-            -1 if nullable => Ok(()),
-            n if n >= 0 => self.skip(n as usize, "string"),
-            n => Err(format!("string length {n} at byte {}", self.at - 2)),
+            -1 if nullable => Ok(None),
+            n if n >= 0 => Ok(Some(n as usize)),
+            n => Err(format!("{what} {n} at byte {at}")),
+        }
+    }
+    fn string(&mut self, nullable: bool) -> R {
+        match self.len(2, nullable, "string length")? {
+            Some(n) => self.skip(n, "string"),
+            None => Ok(()),
         }
     }
     fn bytes(&mut self, nullable: bool) -> R {
-        let n = self.int(4, "bytes length")?;
-        match n {
-            -1 if nullable => Ok(()),
-            n if n >= 0 => self.skip(n as usize, "bytes"),
-            n => Err(format!("bytes length {n} at byte {}", self.at - 4)),
+        match self.len(4, nullable, "bytes length")? {
+            Some(n) => self.skip(n, "bytes"),
+            None => Ok(()),
         }
     }
+    /// An array of primitives.
     fn array(&mut self, nullable: bool, mut each: impl FnMut(&mut Self) -> R) -> R {
         let at = self.at;
-        let n = self.int(4, "array count")?;
-        if n == -1 && nullable {
+        let Some(n) = self.len(4, nullable, "array count")? else {
+            return Ok(());
+        };
+        for _ in 0..n {
+            let before = self.at;
+            each(self)?;
+            if self.at == before {
+                return Err(format!("array at byte {at}: empty element"));
+            }
+        }
+        Ok(())
+    }
+    /// An array of structs: in flexible versions each ends with its tagged fields.
+    fn structs(&mut self, nullable: bool, mut each: impl FnMut(&mut Self) -> R) -> R {
+        self.array(nullable, |w| {
+            each(w)?;
+            w.tags()
+        })
+    }
+    /// The tagged fields ending a struct (flexible versions), none of them known.
+    fn tags(&mut self) -> R {
+        self.tags_with(|_, _| Ok(false))
+    }
+    /// Tagged fields; `known` walks a tag the codec decodes by its type (true) rather than
+    /// skipping its size, which must then be exactly what the walk took: otherwise the codec
+    /// would read on from a place the walk never checked.
+    fn tags_with(&mut self, mut known: impl FnMut(&mut Self, u32) -> Result<bool, String>) -> R {
+        if !self.flex {
             return Ok(());
         }
-        if n < 0 {
-            return Err(format!("array count {n} at byte {at}"));
-        }
-        for _ in 0..n {
-            let before = self.at;
-            each(self)?;
-            if self.at == before {
-                return Err(format!("array at byte {at}: empty element"));
-            }
-        }
-        Ok(())
-    }
-
-    /// An unsigned varint (flexible versions' counts and lengths).
-    fn uvarint(&mut self, what: &str) -> Result<u64, String> {
-        let mut v = 0u64;
-        for shift in (0..35).step_by(7) {
-            let at = self.at;
-            self.skip(1, what)?;
-            let byte = self.b[at];
-            v |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(format!(
-            "{what} at byte {}: varint longer than 5 bytes",
-            self.at
-        ))
-    }
-    /// A compact string (length + 1; 0 is null).
-    fn cstring(&mut self, nullable: bool) -> R {
-        match self.uvarint("compact string length")? {
-            0 if nullable => Ok(()),
-            0 => Err(format!("null string at byte {}", self.at - 1)),
-            n => self.skip((n - 1) as usize, "compact string"),
-        }
-    }
-    /// A compact array (count + 1; 0 is null).
-    fn carray(&mut self, mut each: impl FnMut(&mut Self) -> R) -> R {
-        let at = self.at;
-        let n = self.uvarint("compact array count")?;
-        for _ in 1..n {
-            let before = self.at;
-            each(self)?;
-            if self.at == before {
-                return Err(format!("array at byte {at}: empty element"));
-            }
-        }
-        Ok(())
-    }
-    /// A tagged-field section: a count, then (tag, size, bytes) each.
-    fn tags(&mut self) -> R {
         let n = self.uvarint("tagged field count")?;
         for _ in 0..n {
-            self.uvarint("tag")?;
-            let size = self.uvarint("tagged field size")?;
-            self.skip(size as usize, "tagged field")?;
+            let tag = self.uvarint("tag")?;
+            let size = self.uvarint("tagged field size")? as usize;
+            let start = self.at;
+            if !known(self, tag)? {
+                self.skip(size, "tagged field")?;
+            } else if self.at - start != size {
+                return Err(format!(
+                    "tagged field {tag} at byte {start} claims {size} bytes and holds {}",
+                    self.at - start
+                ));
+            }
         }
         Ok(())
     }
@@ -135,7 +153,25 @@ impl Walk<'_> {
 
 /// Ok when every count and length of the body (`b`, after the request header) is backed by bytes.
 pub fn check(api: ApiKey, v: i16, b: &[u8]) -> R {
-    let w = &mut Walk { b, at: 0 };
+    walked(api, v, b).map(|_| ())
+}
+
+/// The bytes of the body the walk took.
+fn walked(api: ApiKey, v: i16, b: &[u8]) -> Result<usize, String> {
+    let flex = api.request_header_version(v) >= 2;
+    let w = &mut Walk { b, at: 0, flex };
+    if api == ApiKey::Fetch {
+        // Its top-level tagged fields hold fields the codec decodes by type.
+        fetch(v, w)?;
+    } else {
+        walk(api, v, w)?;
+        w.tags()?;
+    }
+    Ok(w.at)
+}
+
+/// The body's fields up to its top-level tagged fields.
+fn walk(api: ApiKey, v: i16, w: &mut Walk<'_>) -> R {
     match api {
         ApiKey::Produce => {
             if v >= 3 {
@@ -143,66 +179,53 @@ pub fn check(api: ApiKey, v: i16, b: &[u8]) -> R {
             }
             w.i16()?;
             w.i32()?;
-            w.array(false, |w| {
-                w.string(false)?;
-                w.array(false, |w| {
+            w.structs(false, |w| {
+                if v >= 13 {
+                    w.uuid()?;
+                } else {
+                    w.string(false)?;
+                }
+                w.structs(false, |w| {
                     w.i32()?;
                     w.bytes(true)
                 })
             })
-        }
-        ApiKey::Fetch => {
-            w.i32()?;
-            w.i32()?;
-            w.i32()?;
-            w.i32()?;
-            w.i8()?;
-            if v >= 7 {
-                w.i32()?;
-                w.i32()?;
-            }
-            w.array(false, |w| {
-                w.string(false)?;
-                w.array(false, |w| {
-                    w.i32()?;
-                    if v >= 9 {
-                        w.i32()?;
-                    }
-                    w.i64()?;
-                    if v >= 5 {
-                        w.i64()?;
-                    }
-                    w.i32()
-                })
-            })?;
-            if v >= 7 {
-                w.array(false, |w| {
-                    w.string(false)?;
-                    w.array(false, |w| w.i32())
-                })?;
-            }
-            if v >= 11 {
-                w.string(false)?;
-            }
-            Ok(())
         }
         ApiKey::ListOffsets => {
             w.i32()?;
             if v >= 2 {
                 w.i8()?;
             }
-            w.array(false, |w| {
+            w.structs(false, |w| {
                 w.string(false)?;
-                w.array(false, |w| {
+                w.structs(false, |w| {
                     w.i32()?;
                     if v >= 4 {
                         w.i32()?;
                     }
                     w.i64()
                 })
-            })
+            })?;
+            if v >= 10 {
+                w.i32()?;
+            }
+            Ok(())
         }
-        ApiKey::Metadata => w.array(v >= 1, |w| w.string(false)),
+        ApiKey::Metadata => {
+            w.structs(v >= 1, |w| {
+                if v >= 10 {
+                    w.uuid()?;
+                }
+                w.string(v >= 10)
+            })?;
+            if v >= 4 {
+                w.i8()?;
+            }
+            if v >= 8 {
+                w.skip(if v <= 10 { 2 } else { 1 }, "booleans")?;
+            }
+            Ok(())
+        }
         ApiKey::OffsetCommit => {
             w.string(false)?;
             w.i32()?;
@@ -213,9 +236,9 @@ pub fn check(api: ApiKey, v: i16, b: &[u8]) -> R {
             if v <= 4 {
                 w.i64()?;
             }
-            w.array(false, |w| {
+            w.structs(false, |w| {
                 w.string(false)?;
-                w.array(false, |w| {
+                w.structs(false, |w| {
                     w.i32()?;
                     w.i64()?;
                     if v >= 6 {
@@ -225,12 +248,42 @@ pub fn check(api: ApiKey, v: i16, b: &[u8]) -> R {
                 })
             })
         }
+        ApiKey::OffsetFetch if v >= 8 => {
+            w.structs(false, |w| {
+                w.string(false)?;
+                if v >= 9 {
+                    w.string(true)?;
+                    w.i32()?;
+                }
+                w.structs(true, |w| {
+                    w.string(false)?;
+                    w.array(false, |w| w.i32())
+                })
+            })?;
+            w.i8()
+        }
         ApiKey::OffsetFetch => {
             w.string(false)?;
-            w.array(v >= 2, |w| {
+            w.structs(v >= 2, |w| {
                 w.string(false)?;
                 w.array(false, |w| w.i32())
-            })
+            })?;
+            if v >= 7 {
+                w.i8()?;
+            }
+            Ok(())
+        }
+        ApiKey::FindCoordinator => {
+            if v <= 3 {
+                w.string(false)?;
+            }
+            if v >= 1 {
+                w.i8()?;
+            }
+            if v >= 4 {
+                w.array(false, |w| w.string(false))?;
+            }
+            Ok(())
         }
         ApiKey::JoinGroup => {
             w.string(false)?;
@@ -243,10 +296,23 @@ pub fn check(api: ApiKey, v: i16, b: &[u8]) -> R {
                 w.string(true)?;
             }
             w.string(false)?;
-            w.array(false, |w| {
+            w.structs(false, |w| {
                 w.string(false)?;
                 w.bytes(false)
-            })
+            })?;
+            if v >= 8 {
+                w.string(true)?;
+            }
+            Ok(())
+        }
+        ApiKey::Heartbeat => {
+            w.string(false)?;
+            w.i32()?;
+            w.string(false)?;
+            if v >= 3 {
+                w.string(true)?;
+            }
+            Ok(())
         }
         ApiKey::SyncGroup => {
             w.string(false)?;
@@ -255,7 +321,11 @@ pub fn check(api: ApiKey, v: i16, b: &[u8]) -> R {
             if v >= 3 {
                 w.string(true)?;
             }
-            w.array(false, |w| {
+            if v >= 5 {
+                w.string(true)?;
+                w.string(true)?;
+            }
+            w.structs(false, |w| {
                 w.string(false)?;
                 w.bytes(false)
             })
@@ -263,82 +333,159 @@ pub fn check(api: ApiKey, v: i16, b: &[u8]) -> R {
         ApiKey::LeaveGroup => {
             w.string(false)?;
             if v >= 3 {
-                w.array(false, |w| {
+                w.structs(false, |w| {
                     w.string(false)?;
-                    w.string(true)
+                    w.string(true)?;
+                    if v >= 5 {
+                        w.string(true)?;
+                    }
+                    Ok(())
                 })
             } else {
                 w.string(false)
             }
         }
-        ApiKey::CreateTopics => w.array(false, |w| {
+        ApiKey::ApiVersions if v >= 3 => {
             w.string(false)?;
-            w.i32()?;
-            w.i16()?;
-            w.array(false, |w| {
-                w.i32()?;
-                w.array(false, |w| w.i32())
-            })?;
-            w.array(false, |w| {
+            w.string(false)
+        }
+        ApiKey::CreateTopics => {
+            w.structs(false, |w| {
                 w.string(false)?;
-                w.string(true)
-            })
-        }),
-        ApiKey::DeleteTopics => w.array(false, |w| w.string(false)),
-        ApiKey::CreatePartitions => w.array(false, |w| {
-            w.string(false)?;
+                w.i32()?;
+                w.i16()?;
+                w.structs(false, |w| {
+                    w.i32()?;
+                    w.array(false, |w| w.i32())
+                })?;
+                w.structs(false, |w| {
+                    w.string(false)?;
+                    w.string(true)
+                })
+            })?;
             w.i32()?;
-            w.array(true, |w| w.array(false, |w| w.i32()))
-        }),
-        // The ACL creations and deletion filters (v2 on: flexible).
-        ApiKey::CreateAcls | ApiKey::DeleteAcls => {
-            let create = api == ApiKey::CreateAcls;
-            let element = |w: &mut Walk<'_>| {
-                let flexible = v >= 2;
-                let string = |w: &mut Walk<'_>, nullable| match flexible {
-                    true => w.cstring(nullable),
-                    false => w.string(nullable),
-                };
-                w.i8()?;
-                string(w, !create)?;
-                w.i8()?;
-                string(w, !create)?;
-                string(w, !create)?;
-                w.i8()?;
-                w.i8()?;
-                if flexible {
-                    w.tags()?;
-                }
-                Ok(())
-            };
-            if v >= 2 {
-                w.carray(element)?;
-                w.tags()
+            w.i8()
+        }
+        ApiKey::DeleteTopics => {
+            if v >= 6 {
+                w.structs(false, |w| {
+                    w.string(true)?;
+                    w.uuid()
+                })?;
             } else {
-                w.array(false, element)
+                w.array(false, |w| w.string(false))?;
+            }
+            w.i32()
+        }
+        ApiKey::CreatePartitions => {
+            w.structs(false, |w| {
+                w.string(false)?;
+                w.i32()?;
+                w.structs(true, |w| w.array(false, |w| w.i32()))
+            })?;
+            w.i32()?;
+            w.i8()
+        }
+        ApiKey::InitProducerId => {
+            w.string(true)?;
+            w.i32()?;
+            if v >= 3 {
+                w.i64()?;
+                w.i16()?;
+            }
+            Ok(())
+        }
+        // The ACL creations, and the describe and delete filters (v1+: with a pattern type).
+        ApiKey::CreateAcls | ApiKey::DeleteAcls | ApiKey::DescribeAcls => {
+            let nullable = api != ApiKey::CreateAcls;
+            let acl = |w: &mut Walk<'_>| {
+                w.i8()?;
+                w.string(nullable)?;
+                w.i8()?;
+                w.string(nullable)?;
+                w.string(nullable)?;
+                w.i8()?;
+                w.i8()
+            };
+            if api == ApiKey::DescribeAcls {
+                acl(w)
+            } else {
+                w.structs(false, acl)
             }
         }
-        // Heartbeat, FindCoordinator, InitProducerId, ApiVersions, DescribeAcls: no counts in
-        // the served versions; the codec's own bounds checks cover their strings.
+        // ApiVersions v0-2: an empty body (Fetch: `fetch`). Every field is walked, so that in
+        // flexible versions the tagged fields are found where the codec reads them.
         _ => Ok(()),
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn absurd_counts_are_refused_before_decoding() {
-        // Metadata v1 with a topic count of two billion and no topics.
-        let body = 0x7fff_ffffi32.to_be_bytes();
-        assert!(check(ApiKey::Metadata, 1, &body).is_err());
-        assert!(check(ApiKey::Metadata, 1, &(-1i32).to_be_bytes()).is_ok());
-        assert!(check(ApiKey::Metadata, 0, &(-1i32).to_be_bytes()).is_err());
-        let mut ok = 1i32.to_be_bytes().to_vec();
-        ok.extend(3i16.to_be_bytes());
-        ok.extend(b"abc");
-        assert!(check(ApiKey::Metadata, 1, &ok).is_ok());
-        assert!(check(ApiKey::Metadata, 1, &ok[..ok.len() - 1]).is_err());
+/// Fetch: v13+ name topics by id; v15+ moved the replica id into a tagged field.
+fn fetch(v: i16, w: &mut Walk<'_>) -> R {
+    if v <= 14 {
+        w.i32()?;
     }
+    w.i32()?;
+    w.i32()?;
+    w.i32()?;
+    w.i8()?;
+    if v >= 7 {
+        w.i32()?;
+        w.i32()?;
+    }
+    w.structs(false, |w| {
+        if v >= 13 {
+            w.uuid()?;
+        } else {
+            w.string(false)?;
+        }
+        w.array(false, |w| {
+            w.i32()?;
+            if v >= 9 {
+                w.i32()?;
+            }
+            w.i64()?;
+            if v >= 12 {
+                w.i32()?;
+            }
+            if v >= 5 {
+                w.i64()?;
+            }
+            w.i32()?;
+            // Replica directory id (v17+), the replica's high watermark (v18+).
+            w.tags_with(|w, tag| match tag {
+                0 if v >= 17 => w.uuid().map(|()| true),
+                1 if v >= 18 => w.i64().map(|()| true),
+                0 | 1 => Err(format!("tag {tag} is not valid in Fetch v{v}")),
+                _ => Ok(false),
+            })
+        })
+    })?;
+    if v >= 7 {
+        w.structs(false, |w| {
+            if v >= 13 {
+                w.uuid()?;
+            } else {
+                w.string(false)?;
+            }
+            w.array(false, |w| w.i32())
+        })?;
+    }
+    if v >= 11 {
+        w.string(false)?;
+    }
+    // The cluster id (a nullable string) and, v15+, the replica state (id, epoch, tags).
+    w.tags_with(|w, tag| match tag {
+        0 => w.string(true).map(|()| true),
+        1 if v >= 15 => {
+            w.i32()?;
+            w.i64()?;
+            w.tags().map(|()| true)
+        }
+        1 => Err(format!("tag 1 is not valid in Fetch v{v}")),
+        _ => Ok(false),
+    })
 }
+
+#[cfg(test)]
+#[path = "shape_tests.rs"]
+mod tests;

@@ -1,9 +1,14 @@
 //! The one version table: it is what ApiVersions advertises and what the request reader accepts.
 //! Every version in it is served (tests/advertised.rs sends each one a request).
 //!
-//! Maxima stay on non-flexible versions (except ApiVersions, whose v3 every modern client sends
-//! first, and the ACL APIs, which the codec decodes from v1, v2 on flexible), so the clients we are tested with (librdkafka 2.0.2 under Debian's kcat, librdkafka 2.x
-//! in confluent-kafka, kafka-python) all negotiate down to versions we decode.
+//! Maxima are the newest versions the codec (kafka-protocol 0.18) decodes whose meaning nvmq
+//! serves whole, flexible (tagged-field) versions included, so current clients (librdkafka 2.x,
+//! the Java client 3.x/4.x, kafkajs) never fall back. Where an API stops below the codec's
+//! newest, the next version means something nvmq does not do (docs/kafka-compatibility.md says
+//! which): Produce v12 and InitProducerId v5 are transactions v2 (KIP-890), FindCoordinator v5
+//! a transactional error and v6 share groups, Fetch v18 a follower's high watermark.
+//! Fetch v13+ name topics by id: `topic_ids` derives each topic's id from its durable
+//! incarnation, so ids are stable across restarts and new for a re-created topic.
 
 use kafka_protocol::messages::ApiKey;
 
@@ -25,22 +30,22 @@ const fn api(key: ApiKey, min: i16, max: i16) -> ApiRange {
 /// answers are v3's less a field or two, and the v2 batches they may carry are taken as at v3
 /// (older message formats get UNSUPPORTED_FOR_MESSAGE_FORMAT for their partition).
 pub const TABLE: &[ApiRange] = &[
-    api(ApiKey::Produce, 0, 8),
-    api(ApiKey::Fetch, 4, 11),
-    api(ApiKey::ListOffsets, 1, 5),
-    api(ApiKey::Metadata, 0, 8),
-    api(ApiKey::OffsetCommit, 2, 7),
-    api(ApiKey::OffsetFetch, 1, 5),
-    api(ApiKey::FindCoordinator, 0, 2),
-    api(ApiKey::JoinGroup, 0, 5),
-    api(ApiKey::Heartbeat, 0, 3),
-    api(ApiKey::LeaveGroup, 0, 3),
-    api(ApiKey::SyncGroup, 0, 3),
-    api(ApiKey::ApiVersions, 0, 3),
-    api(ApiKey::CreateTopics, 2, 4),
-    api(ApiKey::DeleteTopics, 1, 3),
-    api(ApiKey::CreatePartitions, 0, 1),
-    api(ApiKey::InitProducerId, 0, 1),
+    api(ApiKey::Produce, 0, 11),
+    api(ApiKey::Fetch, 4, 17),
+    api(ApiKey::ListOffsets, 1, 10),
+    api(ApiKey::Metadata, 0, 13),
+    api(ApiKey::OffsetCommit, 2, 9),
+    api(ApiKey::OffsetFetch, 1, 9),
+    api(ApiKey::FindCoordinator, 0, 4),
+    api(ApiKey::JoinGroup, 0, 9),
+    api(ApiKey::Heartbeat, 0, 4),
+    api(ApiKey::LeaveGroup, 0, 5),
+    api(ApiKey::SyncGroup, 0, 5),
+    api(ApiKey::ApiVersions, 0, 4),
+    api(ApiKey::CreateTopics, 2, 7),
+    api(ApiKey::DeleteTopics, 1, 6),
+    api(ApiKey::CreatePartitions, 0, 3),
+    api(ApiKey::InitProducerId, 0, 4),
     // The codec knows v1–3 (v2 on flexible); nvmq serves them all.
     api(ApiKey::DescribeAcls, 1, 3),
     api(ApiKey::CreateAcls, 1, 3),
@@ -100,9 +105,10 @@ mod tests {
         assert_eq!(support(0, 3), Support::Served);
         assert_eq!(support(0, 0), Support::Served);
         assert_eq!(support(0, -1), Support::Unsupported);
-        assert_eq!(support(0, 9), Support::Unsupported);
-        assert_eq!(support(18, 3), Support::Served);
-        assert_eq!(support(18, 4), Support::Unsupported);
+        assert_eq!(support(0, 11), Support::Served);
+        assert_eq!(support(0, 12), Support::Unsupported);
+        assert_eq!(support(18, 4), Support::Served);
+        assert_eq!(support(18, 5), Support::Unsupported);
         assert_eq!(support(1000, 0), Support::UnknownApi);
         assert_eq!(
             support(ApiKey::DescribeConfigs as i16, 0),

@@ -124,6 +124,24 @@ async fn fast_paths_refuse_denied_produce_and_fetch_per_partition() {
         .records
         .as_ref()
         .is_some_and(|x| !x.is_empty()));
+    // From v13 a Fetch names topics by id: the check reads the topic the id names.
+    let by_id = |t: &str| {
+        let mut r = fetch(t);
+        r.topics[0].topic_id = b.topics().id(t).expect("topic id");
+        r.topics[0].topic = TopicName::default();
+        r
+    };
+    let r = c.call(13, &by_id("b")).await.unwrap();
+    assert_eq!(
+        r.responses[0].partitions[0].error_code,
+        TOPIC_AUTHORIZATION_FAILED
+    );
+    let r = c.call(13, &by_id("a")).await.unwrap();
+    assert_eq!(r.responses[0].partitions[0].error_code, NONE);
+    assert!(r.responses[0].partitions[0]
+        .records
+        .as_ref()
+        .is_some_and(|x| !x.is_empty()));
 
     // A deny added later takes effect on the same connection (its cached decision is dropped).
     grant(

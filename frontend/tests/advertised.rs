@@ -12,6 +12,7 @@ use bytes::{Buf, Bytes};
 use frontend::client::{record_batch, Client};
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
 use kafka_protocol::messages::leave_group_request::MemberIdentity;
@@ -20,7 +21,9 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
-use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+use kafka_protocol::messages::offset_fetch_request::{
+    OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics,
+};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Request, StrBytes};
@@ -63,6 +66,22 @@ async fn answered<R: Request>(addr: SocketAddr, version: i16, req: &R) -> Result
         ));
     }
     Ok(())
+}
+
+/// The id of the test's topic, from Metadata v12.
+async fn topic_id(addr: SocketAddr) -> Result<uuid::Uuid, String> {
+    let mut c = Client::connect(addr, "versions")
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut t = MetadataRequestTopic::default();
+    t.name = Some(topic(TOPIC));
+    let mut m = MetadataRequest::default();
+    m.topics = Some(vec![t]);
+    let r = c.call(12, &m).await.map_err(|e| format!("metadata: {e}"))?;
+    match r.topics.first() {
+        Some(t) if !t.topic_id.is_nil() => Ok(t.topic_id),
+        _ => Err("Metadata v12 gave the topic no id".into()),
+    }
 }
 
 /// Produce v0–2 (message format v0/v1 era) is outside what the codec encodes: the request and
@@ -166,7 +185,11 @@ async fn check(addr: SocketAddr, key: i16, v: i16) -> Result<(), String> {
             let mut p = FetchPartition::default();
             p.partition_max_bytes = 1 << 20;
             let mut t = FetchTopic::default();
-            t.topic = topic(TOPIC);
+            if v >= 13 {
+                t.topic_id = topic_id(addr).await?;
+            } else {
+                t.topic = topic(TOPIC);
+            }
             t.partitions = vec![p];
             let mut r = FetchRequest::default();
             r.replica_id = BrokerId(-1);
@@ -210,13 +233,29 @@ async fn check(addr: SocketAddr, key: i16, v: i16) -> Result<(), String> {
             t.name = topic(TOPIC);
             t.partition_indexes = vec![0];
             let mut r = OffsetFetchRequest::default();
-            r.group_id = GroupId(s(GROUP));
-            r.topics = Some(vec![t]);
+            if v >= 8 {
+                // Groups, each with its topics.
+                let mut ts = OffsetFetchRequestTopics::default();
+                ts.name = topic(TOPIC);
+                ts.partition_indexes = vec![0];
+                let mut g = OffsetFetchRequestGroup::default();
+                g.group_id = GroupId(s(GROUP));
+                g.topics = Some(vec![ts]);
+                r.groups = vec![g];
+                r.topics = Some(Vec::new());
+            } else {
+                r.group_id = GroupId(s(GROUP));
+                r.topics = Some(vec![t]);
+            }
             answered(addr, v, &r).await
         }
         ApiKey::FindCoordinator => {
             let mut r = FindCoordinatorRequest::default();
-            r.key = s(GROUP);
+            if v >= 4 {
+                r.coordinator_keys = vec![s(GROUP)];
+            } else {
+                r.key = s(GROUP);
+            }
             answered(addr, v, &r).await
         }
         ApiKey::JoinGroup => {
@@ -274,7 +313,14 @@ async fn check(addr: SocketAddr, key: i16, v: i16) -> Result<(), String> {
         }
         ApiKey::DeleteTopics => {
             let mut r = DeleteTopicsRequest::default();
-            r.topic_names = vec![topic(&format!("created-{}", 2 + v % 3))];
+            let gone = topic(&format!("created-{}", 2 + v % 6));
+            if v >= 6 {
+                let mut by_name = DeleteTopicState::default();
+                by_name.name = Some(gone);
+                r.topics = vec![by_name];
+            } else {
+                r.topic_names = vec![gone];
+            }
             r.timeout_ms = 5000;
             answered(addr, v, &r).await
         }

@@ -42,7 +42,8 @@ fn frame(key: i16, version: i16, body: &[u8]) -> Bytes {
     Bytes::from(f)
 }
 
-/// Bodies that are mostly well-formed counts and lengths: small or huge big-endian integers.
+/// Bodies that are mostly well-formed counts and lengths: small or huge big-endian integers and
+/// varints.
 fn body() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(
         prop_oneof![
@@ -52,6 +53,9 @@ fn body() -> impl Strategy<Value = Vec<u8>> {
             (0i16..8).prop_map(|n| n.to_be_bytes().to_vec()),
             Just((-1i16).to_be_bytes().to_vec()),
             Just(0x7fff_ffffi32.to_be_bytes().to_vec()),
+            // Flexible versions' compact counts: a varint of u32::MAX, and of about 2^28.
+            Just(vec![0xff, 0xff, 0xff, 0xff, 0x0f]),
+            Just(vec![0xff, 0xff, 0xff, 0x7f]),
         ],
         0..40,
     )

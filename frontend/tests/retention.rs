@@ -1,6 +1,7 @@
 //! The broker's own state (committed offsets, topic tombstones) lives in internal partitions of
 //! the same ring as the data. When the ring wraps and the oldest data is freed, the periodic
-//! snapshot keeps that state alive: after several laps and a power cut, it is all still there.
+//! snapshot keeps that state alive: after several laps and a power cut, it is all still there
+//! (topic ids included, which follow from the topics' incarnations).
 
 mod common;
 
@@ -45,6 +46,16 @@ async fn state_survives_the_ring_wrapping_over_it_and_a_power_cut() {
     del.topic_names = vec![name("gone")];
     del.timeout_ms = 5000;
     assert_eq!(cl.call(3, &del).await.unwrap().responses[0].error_code, 0);
+    // Topic ids come from the topic's incarnation: "again", deleted and created anew, has a
+    // second id, which must outlive the wrap that frees its tombstone.
+    let data_id = b.topics().id("data").expect("an id");
+    common::create_topic(&mut cl, "again").await;
+    let first_again = b.topics().id("again").expect("an id");
+    del.topic_names = vec![name("again")];
+    assert_eq!(cl.call(3, &del).await.unwrap().responses[0].error_code, 0);
+    common::create_topic(&mut cl, "again").await;
+    let again_id = b.topics().id("again").expect("an id");
+    assert_ne!(again_id, first_again);
 
     let mut p = OffsetCommitRequestPartition::default();
     p.partition_index = 0;
@@ -79,5 +90,11 @@ async fn state_survives_the_ring_wrapping_over_it_and_a_power_cut() {
     assert!(
         !b2.topics().map.contains_key("gone"),
         "the deleted topic came back"
+    );
+    assert_eq!(b2.topics().id("data"), Some(data_id));
+    assert_eq!(
+        b2.topics().id("again"),
+        Some(again_id),
+        "the re-created topic's id changed"
     );
 }

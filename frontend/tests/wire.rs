@@ -282,7 +282,7 @@ async fn bad_frames_close_only_their_own_connection() {
     assert!(r
         .api_keys
         .iter()
-        .any(|k| k.api_key == 0 && k.max_version == 8));
+        .any(|k| k.api_key == 0 && k.max_version == 11));
     assert_eq!(
         c.call(3, &ApiVersionsRequest::default())
             .await

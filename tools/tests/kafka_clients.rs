@@ -339,6 +339,36 @@ fn confluent_kafka_manages_acls_and_a_denied_produce_fails_in_its_delivery_repor
     assert!(out.contains("TOPIC_AUTHORIZATION_FAILED"), "{out}");
 }
 
+/// confluent-kafka negotiates the new maxima: with librdkafka's protocol debug log on, a
+/// producer and a group consumer send Produce, Fetch and Metadata at the highest version both
+/// sides have (librdkafka 2.16 stops at Produce 10, Fetch 16 and Metadata 13; nvmq serves 11,
+/// 17 and 13), flexible ones all, and Fetch by topic id.
+#[test]
+fn confluent_kafka_negotiates_the_newest_versions() {
+    let _turn = one_at_a_time();
+    let s = Server::start("sim:capacity=256M,flush=500us");
+    let out = scenario(&s.addr, "negotiated", &[]);
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("versions "))
+        .expect("the scenario prints the versions it sent");
+    let versions = |api: &str| -> i64 {
+        let key = format!("\"{api}\": ");
+        line.split(&key)
+            .nth(1)
+            .and_then(|r| r.split([',', '}']).next())
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {api} request in {line}"))
+    };
+    // Before: Produce 8, Fetch 11, Metadata 8 (nvmq's old maxima).
+    assert!(versions("Produce") >= 10, "{line}");
+    assert!(versions("Fetch") >= 16, "{line}");
+    assert!(versions("Metadata") >= 13, "{line}");
+    // Flexible group and offset APIs too (librdkafka's caps: OffsetCommit 9, OffsetFetch 9).
+    assert!(versions("OffsetCommit") >= 9, "{line}");
+    assert!(versions("OffsetFetch") >= 9, "{line}");
+}
+
 /// librdkafka's own integration suite (from the rdkafka-sys crate source), the allow-listed tests
 /// in tests/clients/librdkafka.allow. Topics auto-create with 4 partitions, as the suite assumes.
 #[test]

@@ -384,10 +384,52 @@ def acl_denied():
     print(f"ok: a delivered, b refused with {err.name()}")
 
 
+def negotiated():
+    """Produces and consumes in a group with librdkafka's protocol debug log on; prints the
+    highest version of each request it sent: 'versions {"Produce": 10, ...}'."""
+    import logging
+    import re
+
+    from confluent_kafka import Consumer, Producer
+
+    seen = {}
+
+    class Versions(logging.Handler):
+        def emit(self, rec):
+            m = re.search(r"Sent (\w+)Request \(v(\d+)", rec.getMessage())
+            if m:
+                seen[m[1]] = max(seen.get(m[1], -1), int(m[2]))
+
+    log = logging.getLogger("rdkafka-protocol")
+    log.addHandler(Versions())
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    conf = {"bootstrap.servers": BOOT, "debug": "protocol", "logger": log}
+    p = Producer({**conf, "acks": "all", "enable.idempotence": True})
+    errors = []
+    p.produce("negotiated", b"v", on_delivery=lambda e, m: e and errors.append(str(e)))
+    if p.flush(30) or errors:
+        fail(f"not delivered: {errors}")
+    c = Consumer({**conf, "group.id": "negotiated", "auto.offset.reset": "earliest"})
+    c.subscribe(["negotiated"])
+    deadline = time.time() + 30
+    got = None
+    while got is None and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got = m.value()
+    if got != b"v":
+        fail(f"consumed {got!r}")
+    c.commit(asynchronous=False)
+    c.close()
+    print("versions", json.dumps(seen, sort_keys=True), flush=True)
+
+
 {
     "acl_admin": acl_admin,
     "acl_setup": acl_setup,
     "acl_denied": acl_denied,
+    "negotiated": negotiated,
     "produce_consume": produce_consume,
     "kafka_python": kafka_python,
     "compressed": compressed,
