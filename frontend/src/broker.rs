@@ -62,6 +62,8 @@ pub struct Config {
     /// Largest number of bytes the records of one compressed batch may decompress to (they are
     /// decompressed to be checked); a batch yielding more is refused with MESSAGE_TOO_LARGE.
     pub max_uncompressed_batch: usize,
+    /// SASL: the mechanisms offered (none: no authentication) and the session lifetime.
+    pub sasl: crate::sasl::SaslConfig,
 }
 
 impl Default for Config {
@@ -83,6 +85,7 @@ impl Default for Config {
             producer_id_expiration: crate::producers::DEFAULT_EXPIRATION,
             ceiling: false,
             max_uncompressed_batch: crate::records::DEFAULT_MAX_UNCOMPRESSED,
+            sasl: crate::sasl::SaslConfig::default(),
         }
     }
 }
@@ -170,6 +173,8 @@ pub struct Broker {
     /// Appends the frontend may have in flight (`append_permits` when none is).
     append_capacity: u32,
     next_producer_id: Mutex<i64>,
+    /// SCRAM credentials (`credentials.rs`).
+    pub(crate) credentials: crate::credentials::Credentials,
     stop: Arc<AtomicBool>,
 }
 
@@ -259,6 +264,7 @@ impl Broker {
             startup: replayed.startup,
             append_capacity,
             next_producer_id: Mutex::new(replayed.next_producer_id),
+            credentials: replayed.credentials,
             stop,
         }))
     }
@@ -678,8 +684,8 @@ impl Broker {
     }
 
     /// Re-records the state replayed from the internal partitions (tombstones, the producer-id
-    /// high mark, group generations, every committed offset, every data partition's producer
-    /// state) at the tail of the log. The log frees its oldest data when the ring is full;
+    /// high mark, group generations, SCRAM credentials, every committed offset, every data
+    /// partition's producer state) at the tail of the log. The log frees its oldest data when the ring is full;
     /// taking a snapshot every quarter ring keeps the newest one of each inside what is
     /// retained. Replaying it again changes nothing.
     pub async fn snapshot(&self) -> Result<(), LogError> {
@@ -702,10 +708,15 @@ impl Broker {
                 .into_iter()
                 .map(|(group, generation)| MetaRecord::Generation { group, generation }),
         );
+        // Held until the records are queued: a credential change recorded meanwhile must land
+        // after them, or a replay would undo it.
+        let credentials_in_order = self.credentials.write.lock().await;
+        meta.extend(self.credentials.records());
         let mut waits = Vec::new();
         for r in &meta {
             waits.push(self.append(self.meta_partition, r.encode(), 1).await?);
         }
+        drop(credentials_in_order);
         // A group's commits go in records cut by size to fit the log's largest payload: their
         // metadata may take up to 4 KiB each.
         let max = self.log().max_payload();

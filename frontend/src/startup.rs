@@ -17,6 +17,7 @@ use nvmq_log::{Log, LogError, Record};
 use tokio::sync::watch;
 
 use crate::broker::{valid_topic_name, Startup};
+use crate::credentials::Credentials;
 use crate::meta::TimesHead;
 use crate::meta::{MetaRecord, META_TOPIC, OFFSETS_TOPIC};
 use crate::offsets::Offsets;
@@ -36,6 +37,7 @@ pub(crate) struct Replayed {
     pub topics: BTreeMap<String, Vec<PartRef>>,
     pub startup: Startup,
     pub time_index: TimeIndex,
+    pub credentials: Credentials,
 }
 
 /// Time index snapshot parts of one device's partitions.
@@ -87,6 +89,7 @@ pub(crate) fn replay(
     let mut generations: HashMap<String, i32> = HashMap::new();
     let mut snapshots: Vec<Assembler> = logs.iter().map(|_| Assembler::default()).collect();
     let mut times: Vec<TimeParts> = logs.iter().map(|_| TimeParts::default()).collect();
+    let credentials = Credentials::default();
     for (dev, (log, &meta)) in logs.iter().zip(&internal.metas).enumerate() {
         let asm = &mut snapshots[dev];
         let t = &mut times[dev];
@@ -106,6 +109,11 @@ pub(crate) fn replay(
                 *e = (*e).max(generation);
             }
             MetaRecord::Commits { .. } => {}
+            rec @ (MetaRecord::Credential(_) | MetaRecord::CredentialRemoved { .. })
+                if dev == 0 =>
+            {
+                credentials.replay(&rec)
+            }
             other => tracing::warn!(device = dev, ?other, "unexpected record in {META_TOPIC}"),
         })?;
     }
@@ -128,6 +136,7 @@ pub(crate) fn replay(
         topics,
         startup,
         time_index,
+        credentials,
     })
 }
 

@@ -41,6 +41,12 @@ pub const TABLE: &[ApiRange] = &[
     api(ApiKey::DeleteTopics, 1, 3),
     api(ApiKey::CreatePartitions, 0, 1),
     api(ApiKey::InitProducerId, 0, 1),
+    // v0 would be followed by raw SASL tokens outside Kafka's framing; every client tested
+    // (librdkafka, kafka-python 3) uses v1 and SaslAuthenticate.
+    api(ApiKey::SaslHandshake, 1, 1),
+    api(ApiKey::SaslAuthenticate, 0, 2),
+    api(ApiKey::DescribeUserScramCredentials, 0, 0),
+    api(ApiKey::AlterUserScramCredentials, 0, 0),
 ];
 
 /// How a request's (key, version) stands against the table.

@@ -337,6 +337,7 @@ async fn serve(
     let cfg = &ctx.broker.cfg;
     let max_in_flight = cfg.max_in_flight_per_connection.max(1);
     let max_frame = cfg.max_frame;
+    let sasl_required = cfg.sasl.required();
     let limits = ctx.server.limits.clone();
     let mut charge = Charge::new(limits.clone());
     // Whether this connection may start requests (whose answers will take memory) or read
@@ -368,7 +369,7 @@ async fn serve(
         // The requests whose checks are done start first, in order. One that closes the
         // connection (a failed acks=0 produce) is the last one taken, as below.
         checking.resume(ctx, r, &mut released, |seq, slot| {
-            if matches!(slot, Slot::Ready(Outcome::Close)) {
+            if matches!(slot, Slot::Ready(Outcome::Close | Outcome::Last(_))) {
                 eof = true;
             }
             let mut s = st.borrow_mut();
@@ -404,39 +405,40 @@ async fn serve(
                 }
             };
             let size = frame.len();
-            let slot = match conn::parse(frame, &session) {
-                Ok(Parsed::Answered(reply)) => Some(Slot::Future(reply)),
-                Ok(Parsed::Request(c, body)) => match c.api {
-                    ApiKey::Produce => {
-                        let behind = !checking.is_empty();
-                        match fast::produce(ctx, r, next_seq, &c, body, behind) {
-                            Arrival::Now(slot) => slot,
-                            Arrival::Later(p, groups) => {
-                                checking.push(ctx, next_seq, size, p, groups);
-                                Some(Slot::Checking)
+            let slot =
+                match conn::parse(frame, &session).and_then(|p| conn::admit(p, sasl_required)) {
+                    Ok(Parsed::Answered(reply)) => Some(Slot::Future(reply)),
+                    Ok(Parsed::Request(c, body)) => match c.api {
+                        ApiKey::Produce => {
+                            let behind = !checking.is_empty();
+                            match fast::produce(ctx, r, next_seq, &c, body, behind) {
+                                Arrival::Now(slot) => slot,
+                                Arrival::Later(p, groups) => {
+                                    checking.push(ctx, next_seq, size, p, groups);
+                                    Some(Slot::Checking)
+                                }
                             }
                         }
-                    }
-                    ApiKey::Fetch => Some(fast::fetch(ctx, &c, body)),
-                    _ => match conn::dispatch(&ctx.broker, &c, body).await {
-                        Ok(reply) => Some(Slot::Future(reply)),
-                        Err(e) => {
-                            tracing::warn!(?peer, error = %e, "closing connection");
-                            eof = true;
-                            None
-                        }
+                        ApiKey::Fetch => Some(fast::fetch(ctx, &c, body)),
+                        _ => match conn::dispatch(&ctx.broker, &c, body).await {
+                            Ok(reply) => Some(Slot::Future(reply)),
+                            Err(e) => {
+                                tracing::warn!(?peer, error = %e, "closing connection");
+                                eof = true;
+                                None
+                            }
+                        },
                     },
-                },
-                Err(e) => {
-                    tracing::warn!(?peer, error = %e, "closing connection");
-                    eof = true;
-                    None
-                }
-            };
+                    Err(e) => {
+                        tracing::warn!(?peer, error = %e, "closing connection");
+                        eof = true;
+                        None
+                    }
+                };
             if let Some(slot) = slot {
                 // A request that closes the connection is the last one taken: Kafka handles a
                 // connection's requests one at a time, so nothing after it is acted on.
-                if matches!(slot, Slot::Ready(Outcome::Close)) {
+                if matches!(slot, Slot::Ready(Outcome::Close | Outcome::Last(_))) {
                     eof = true;
                 }
                 // An answer made at once (a Fetch with data at hand) is held until its turn:
@@ -608,6 +610,10 @@ fn drain(st: &Rc<RefCell<ConnState>>, out: &mut Vec<u8>) -> bool {
             Slot::Ready(Outcome::Send(b)) => out.extend_from_slice(&b),
             Slot::Ready(Outcome::Nothing) => {}
             Slot::Ready(Outcome::Close) => return true,
+            Slot::Ready(Outcome::Last(b)) => {
+                out.extend_from_slice(&b);
+                return true;
+            }
             Slot::Produce(p) => {
                 if !p.encode_into(out) {
                     return true;
