@@ -269,6 +269,11 @@ impl Broker {
         }))
     }
 
+    /// How the broker was configured.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
     pub fn topics(&self) -> MutexGuard<'_, Topics> {
         lock(&self.topics)
     }

@@ -41,9 +41,8 @@ pub const TABLE: &[ApiRange] = &[
     api(ApiKey::DeleteTopics, 1, 3),
     api(ApiKey::CreatePartitions, 0, 1),
     api(ApiKey::InitProducerId, 0, 1),
-    // v0 would be followed by raw SASL tokens outside Kafka's framing; every client tested
-    // (librdkafka, kafka-python 3) uses v1 and SaslAuthenticate.
-    api(ApiKey::SaslHandshake, 1, 1),
+    // librdkafka requires v0 in the range (its feature check) though it then uses v1.
+    api(ApiKey::SaslHandshake, 0, 1),
     api(ApiKey::SaslAuthenticate, 0, 2),
     api(ApiKey::DescribeUserScramCredentials, 0, 0),
     api(ApiKey::AlterUserScramCredentials, 0, 0),

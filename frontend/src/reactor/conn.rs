@@ -23,6 +23,7 @@ use super::fast::{self, Arrival, ProduceSlot};
 use super::limits::{Admission, Charge};
 use super::service::LoopCtx;
 use crate::conn::{self, Outcome, Parsed, Reply};
+use crate::sasl;
 use crate::session::Session;
 
 /// Input read at once when the buffer is empty; a frame larger than this grows it.
@@ -395,7 +396,13 @@ async fn serve(
                 waiting_budget = true;
                 break;
             }
-            let frame = match conn::next_frame(&mut input, max_frame) {
+            // After a SaslHandshake v0 the client's tokens come bare (`sasl::raw`).
+            let raw = sasl_required && !session.admitted() && sasl::raw::expected(&session);
+            let next = match raw {
+                true => sasl::raw::next_token(&mut input, max_frame),
+                false => conn::next_frame(&mut input, max_frame),
+            };
+            let frame = match next {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) => {
@@ -405,36 +412,39 @@ async fn serve(
                 }
             };
             let size = frame.len();
-            let slot =
-                match conn::parse(frame, &session).and_then(|p| conn::admit(p, sasl_required)) {
-                    Ok(Parsed::Answered(reply)) => Some(Slot::Future(reply)),
-                    Ok(Parsed::Request(c, body)) => match c.api {
-                        ApiKey::Produce => {
-                            let behind = !checking.is_empty();
-                            match fast::produce(ctx, r, next_seq, &c, body, behind) {
-                                Arrival::Now(slot) => slot,
-                                Arrival::Later(p, groups) => {
-                                    checking.push(ctx, next_seq, size, p, groups);
-                                    Some(Slot::Checking)
-                                }
+            let parsed = match raw {
+                true => Ok(sasl::raw::answer(&ctx.broker, &session, &frame)),
+                false => conn::parse(frame, &session).and_then(|p| conn::admit(p, sasl_required)),
+            };
+            let slot = match parsed {
+                Ok(Parsed::Answered(reply)) => Some(Slot::Future(reply)),
+                Ok(Parsed::Request(c, body)) => match c.api {
+                    ApiKey::Produce => {
+                        let behind = !checking.is_empty();
+                        match fast::produce(ctx, r, next_seq, &c, body, behind) {
+                            Arrival::Now(slot) => slot,
+                            Arrival::Later(p, groups) => {
+                                checking.push(ctx, next_seq, size, p, groups);
+                                Some(Slot::Checking)
                             }
                         }
-                        ApiKey::Fetch => Some(fast::fetch(ctx, &c, body)),
-                        _ => match conn::dispatch(&ctx.broker, &c, body).await {
-                            Ok(reply) => Some(Slot::Future(reply)),
-                            Err(e) => {
-                                tracing::warn!(?peer, error = %e, "closing connection");
-                                eof = true;
-                                None
-                            }
-                        },
-                    },
-                    Err(e) => {
-                        tracing::warn!(?peer, error = %e, "closing connection");
-                        eof = true;
-                        None
                     }
-                };
+                    ApiKey::Fetch => Some(fast::fetch(ctx, &c, body)),
+                    _ => match conn::dispatch(&ctx.broker, &c, body).await {
+                        Ok(reply) => Some(Slot::Future(reply)),
+                        Err(e) => {
+                            tracing::warn!(?peer, error = %e, "closing connection");
+                            eof = true;
+                            None
+                        }
+                    },
+                },
+                Err(e) => {
+                    tracing::warn!(?peer, error = %e, "closing connection");
+                    eof = true;
+                    None
+                }
+            };
             if let Some(slot) = slot {
                 // A request that closes the connection is the last one taken: Kafka handles a
                 // connection's requests one at a time, so nothing after it is acted on.

@@ -23,7 +23,8 @@ pub fn handshake(b: &Arc<Broker>, ctx: &Ctx, req: SaslHandshakeRequest) -> Reply
         .iter()
         .map(|m| StrBytes::from_static_str(m.name()))
         .collect();
-    match exchange::handshake(b, &ctx.session, req.mechanism.as_str()) {
+    // v0: the tokens follow bare, outside Kafka's framing (`raw`).
+    match exchange::handshake(b, &ctx.session, req.mechanism.as_str(), ctx.version == 0) {
         Ok(()) => ctx.ready(&resp),
         Err(why) => {
             resp.error_code = match why {

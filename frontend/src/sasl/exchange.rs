@@ -60,8 +60,14 @@ pub enum Step {
 
 /// Starts an exchange with the mechanism named (also on an authenticated connection: that is
 /// how clients re-authenticate).
-pub fn handshake(b: &Broker, session: &Session, mechanism: &str) -> Result<(), HandshakeRefusal> {
+pub fn handshake(
+    b: &Broker,
+    session: &Session,
+    mechanism: &str,
+    raw: bool,
+) -> Result<(), HandshakeRefusal> {
     let mut st = crate::broker::lock(&session.sasl);
+    st.raw = raw;
     let Some(m) = Mechanism::parse(mechanism).filter(|m| b.cfg.sasl.mechanisms.contains(m)) else {
         st.step = Stage::Failed;
         return Err(HandshakeRefusal::Unsupported);

@@ -5,6 +5,7 @@
 
 pub mod api;
 mod exchange;
+pub mod raw;
 pub mod scram;
 
 use std::sync::OnceLock;
@@ -100,4 +101,6 @@ fn process_secret() -> Result<&'static [u8], AuthError> {
 #[derive(Debug, Default)]
 pub struct SaslState {
     pub(crate) step: exchange::Stage,
+    /// The handshake was v0: tokens come bare (`raw`).
+    pub(crate) raw: bool,
 }

@@ -275,7 +275,13 @@ pub fn server_final(st: &ScramFirst, client_final: &[u8]) -> Result<Vec<u8>, Aut
             "client-final channel binding does not match its GS2 header",
         ));
     }
-    if attrs.next().and_then(|r| r.strip_prefix("r=")) != Some(st.nonce.as_str()) {
+    // Kafka's rule: the nonce must end with the combined one. librdkafka sends its own nonce
+    // again in front of it (and Kafka accepts that); the proof covers what was sent either way.
+    let nonce_ok = attrs
+        .next()
+        .and_then(|r| r.strip_prefix("r="))
+        .is_some_and(|r| r.ends_with(st.nonce.as_str()));
+    if !nonce_ok {
         return Err(malformed("client-final nonce does not match"));
     }
     let proof = B64
@@ -333,7 +339,16 @@ mod tests {
         // One bit off in the proof: refused as bad credentials.
         let bad = with_proof("dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVU=");
         assert!(matches!(bad, Err(AuthError::BadCredentials)), "{bad:?}");
-        // A nonce that is not the combined one: refused.
+        // librdkafka's form: its nonce again before the combined one (Kafka takes it).
+        let rdkafka = server_final(
+            &st,
+            format!("c=biws,r=rOprNGfwEbeRWgbNEkqO{nonce},p=AAAA").as_bytes(),
+        );
+        assert!(
+            matches!(rdkafka, Err(AuthError::BadCredentials)),
+            "{rdkafka:?}"
+        );
+        // A nonce that does not end with the combined one: refused.
         assert!(server_final(&st, b"c=biws,r=rOprNGfwEbeRWgbNEkqO,p=AAAA").is_err());
     }
 
