@@ -1,5 +1,5 @@
-//! The broker's own state (committed offsets, topic tombstones) lives in internal partitions of
-//! the same ring as the data. When the ring wraps and the oldest data is freed, the periodic
+//! The broker's own state (committed offsets, topic tombstones, SCRAM credentials) lives in
+//! internal partitions of the same ring as the data. When the ring wraps and the oldest data is freed, the periodic
 //! snapshot keeps that state alive: after several laps and a power cut, it is all still there.
 
 mod common;
@@ -9,7 +9,8 @@ use std::time::Duration;
 use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice};
 use bytes::Bytes;
 use frontend::client::{record_batch, Client};
-use frontend::meta::OFFSETS_TOPIC;
+use frontend::meta::{META_TOPIC, OFFSETS_TOPIC};
+use frontend::sasl::{ScramCredential, ScramMechanism};
 use frontend::{Broker, Config};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
@@ -86,6 +87,29 @@ async fn state_survives_the_ring_wrapping_over_it_and_a_power_cut() {
     let r = cl.call(2, &oc).await.unwrap();
     assert_eq!(r.topics[0].partitions[0].error_code, 0);
 
+    // A user kept, and one added and then removed.
+    let sha512 = ScramMechanism::Sha512;
+    let carol = ScramCredential::new(sha512, b"carol-pw", 4096).unwrap();
+    b.set_credential("carol", sha512, carol.clone())
+        .await
+        .unwrap();
+    let dave = ScramCredential::new(ScramMechanism::Sha256, b"dave-pw", 4096).unwrap();
+    b.set_credential("dave", ScramMechanism::Sha256, dave)
+        .await
+        .unwrap();
+    b.remove_credential("dave", ScramMechanism::Sha256)
+        .await
+        .unwrap();
+    let meta_end = |b: &Broker| {
+        b.log()
+            .partitions()
+            .into_iter()
+            .find(|p| p.1 == META_TOPIC)
+            .map(|p| (p.3, p.4))
+            .unwrap()
+    };
+    let credentials_end = meta_end(&b).1;
+
     // About four laps of the ring, slowly enough for the snapshot ticker to keep up.
     let value = vec![7u8; 100 << 10];
     for _ in 0..400 {
@@ -113,6 +137,10 @@ async fn state_survives_the_ring_wrapping_over_it_and_a_power_cut() {
         offsets_start > 0,
         "the ring never freed the first commit: the test proves nothing"
     );
+    assert!(
+        meta_end(&b).0 >= credentials_end,
+        "the ring never freed the credential records: the test proves nothing"
+    );
 
     handle.power_cut();
     server.kill();
@@ -126,5 +154,18 @@ async fn state_survives_the_ring_wrapping_over_it_and_a_power_cut() {
     assert!(
         !b2.topics().map.contains_key("gone"),
         "the deleted topic came back"
+    );
+    assert_eq!(b2.credentials().get("carol", sha512), Some(carol));
+    assert!(b2.credentials().for_plain("carol").is_some());
+    let users: Vec<String> = b2
+        .credentials()
+        .list()
+        .into_iter()
+        .map(|c| c.user)
+        .collect();
+    assert_eq!(
+        users,
+        ["carol"],
+        "the removed user came back, or carol is gone"
     );
 }

@@ -7,6 +7,7 @@ pub mod api;
 mod exchange;
 pub mod raw;
 pub mod scram;
+pub mod scram_client;
 
 use std::sync::OnceLock;
 use std::time::Duration;
