@@ -69,6 +69,8 @@ pub struct Config {
     pub authorizer: bool,
     /// Principals the authorizer lets do anything.
     pub super_users: Vec<crate::session::Principal>,
+    /// SASL: the mechanisms offered (none: no authentication) and the session lifetime.
+    pub sasl: crate::sasl::SaslConfig,
 }
 
 impl Default for Config {
@@ -92,6 +94,7 @@ impl Default for Config {
             max_uncompressed_batch: crate::records::DEFAULT_MAX_UNCOMPRESSED,
             authorizer: false,
             super_users: Vec::new(),
+            sasl: crate::sasl::SaslConfig::default(),
         }
     }
 }
@@ -223,6 +226,8 @@ pub struct Broker {
     next_producer_id: Mutex<i64>,
     /// The ACLs and whether they are enforced.
     acl: crate::acl::Authorizer,
+    /// SCRAM credentials (`credentials.rs`).
+    pub(crate) credentials: crate::credentials::Credentials,
     stop: Arc<AtomicBool>,
 }
 
@@ -312,6 +317,7 @@ impl Broker {
             append_capacity,
             next_producer_id: Mutex::new(replayed.next_producer_id),
             acl,
+            credentials: replayed.credentials,
             stop,
         }))
     }
@@ -319,6 +325,11 @@ impl Broker {
     /// The authorizer and its ACLs.
     pub fn acl(&self) -> &crate::acl::Authorizer {
         &self.acl
+    }
+
+    /// How the broker was configured.
+    pub fn config(&self) -> &Config {
+        &self.cfg
     }
 
     pub fn topics(&self) -> MutexGuard<'_, Topics> {
@@ -734,8 +745,9 @@ impl Broker {
     }
 
     /// Re-records the state replayed from the internal partitions (tombstones, the producer-id
-    /// high mark, group generations, ACL bindings, every committed offset, every data partition's producer
-    /// state) at the tail of the log. The log frees its oldest data when the ring is full;
+    /// high mark, group generations, ACL bindings, SCRAM credentials, every committed offset, every
+    /// data partition's producer state) at the tail of the log. The log frees its oldest data when
+    /// the ring is full;
     /// taking a snapshot every quarter ring keeps the newest one of each inside what is
     /// retained. Replaying it again changes nothing.
     pub async fn snapshot(&self) -> Result<(), LogError> {
@@ -758,10 +770,15 @@ impl Broker {
                 .into_iter()
                 .map(|(group, generation)| MetaRecord::Generation { group, generation }),
         );
+        // Held until the records are queued: a credential change recorded meanwhile must land
+        // after them, or a replay would undo it.
+        let credentials_in_order = self.credentials.write.lock().await;
+        meta.extend(self.credentials.records());
         let mut waits = Vec::new();
         for r in &meta {
             waits.push(self.append(self.meta_partition, r.encode(), 1).await?);
         }
+        drop(credentials_in_order);
         self.acl.queue_snapshot(self, &mut waits).await?;
         // A group's commits go in records cut by size to fit the log's largest payload: their
         // metadata may take up to 4 KiB each.

@@ -4,12 +4,18 @@
 use std::io;
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
+use kafka_protocol::messages::{
+    ApiKey, RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+};
 use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio_rustls::TlsConnector;
+
+use crate::sasl::scram_client::ScramClient;
+use crate::sasl::ScramMechanism;
 
 /// Largest response frame the client reads.
 const MAX_RESPONSE: usize = 256 << 20;
@@ -129,6 +135,88 @@ impl Client {
             )));
         }
         Ok(resp)
+    }
+
+    /// SaslHandshake v1 for `mechanism`, then one SaslAuthenticate v1 per token `next` makes of
+    /// the server's last one (None for the first), until the server answers an error or `next`
+    /// has no more. Returns the last answer (its error code says whether it worked).
+    pub async fn login(
+        &mut self,
+        mechanism: &str,
+        mut next: impl FnMut(Option<&[u8]>) -> Option<Vec<u8>>,
+    ) -> io::Result<SaslAuthenticateResponse> {
+        let mut h = SaslHandshakeRequest::default();
+        h.mechanism = StrBytes::from_string(mechanism.to_string());
+        let hr = self.call(1, &h).await?;
+        if hr.error_code != 0 {
+            return Err(bad(format!(
+                "SaslHandshake for {mechanism}: error {}",
+                hr.error_code
+            )));
+        }
+        let mut last: Option<SaslAuthenticateResponse> = None;
+        while let Some(token) = next(last.as_ref().map(|r| &r.auth_bytes[..])) {
+            let mut a = SaslAuthenticateRequest::default();
+            a.auth_bytes = Bytes::from(token);
+            let r = self.call(1, &a).await?;
+            let failed = r.error_code != 0;
+            last = Some(r);
+            if failed {
+                break;
+            }
+        }
+        last.ok_or_else(|| bad("no SASL token to send".into()))
+    }
+
+    /// Logs in with SASL PLAIN.
+    pub async fn login_plain(
+        &mut self,
+        user: &str,
+        password: &str,
+    ) -> io::Result<SaslAuthenticateResponse> {
+        let token = format!("\0{user}\0{password}").into_bytes();
+        let mut once = Some(token);
+        self.login("PLAIN", |_| once.take()).await
+    }
+
+    /// Logs in with SCRAM; an error when the server's final message does not prove it knew the
+    /// credential.
+    pub async fn login_scram(
+        &mut self,
+        m: ScramMechanism,
+        user: &str,
+        password: &str,
+    ) -> io::Result<SaslAuthenticateResponse> {
+        let mut c = ScramClient::new(m, user, password.as_bytes())
+            .map_err(|e| bad(format!("SCRAM: {e}")))?;
+        let mut step = 0;
+        let mut failed = None;
+        let r = self
+            .login(m.name(), |server| {
+                step += 1;
+                match (step, server) {
+                    (1, _) => Some(c.first()),
+                    (2, Some(sf)) => match c.respond(sf) {
+                        Ok(t) => Some(t),
+                        Err(e) => {
+                            failed = Some(e.to_string());
+                            None
+                        }
+                    },
+                    (_, Some(fin)) => {
+                        if !c.verify(fin) {
+                            failed = Some("the server's signature does not match".into());
+                        }
+                        None
+                    }
+                    _ => None,
+                }
+            })
+            .await?;
+        match failed {
+            Some(why) if r.error_code == 0 => Err(bad(format!("SCRAM: {why}"))),
+            _ => Ok(r),
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Enc
 use crate::broker::Broker;
 use crate::session::Session;
 use crate::versions::{self, Support};
-use crate::{acl, admin, fetch, group_api, produce, shape};
+use crate::{acl, admin, fetch, group_api, produce, sasl, scram_api, shape};
 
 /// What the writer does with a request once its answer is ready.
 pub enum Outcome {
@@ -22,6 +22,8 @@ pub enum Outcome {
     Nothing,
     /// Something went wrong encoding: the connection cannot stay in step.
     Close,
+    /// The answer, after which the connection closes (a failed SASL authentication).
+    Last(Bytes),
 }
 
 pub type Reply = Pin<Box<dyn Future<Output = Outcome> + Send>>;
@@ -71,6 +73,15 @@ impl Ctx {
         Box::pin(async move { out })
     }
 
+    /// An answer after which the connection closes.
+    pub fn ready_last<R: Encodable>(&self, body: &R) -> Reply {
+        let out = match self.encode(body) {
+            Outcome::Send(b) => Outcome::Last(b),
+            other => other,
+        };
+        Box::pin(async move { out })
+    }
+
     /// Encodes an answer at the end of `out` (length, header, body); false (and `out` as it was)
     /// when the body does not encode.
     pub fn encode_into<R: Encodable>(&self, body: &R, out: &mut Vec<u8>) -> bool {
@@ -110,6 +121,8 @@ pub enum Refusal {
     Version { api: ApiKey, version: i16 },
     #[error("malformed {what}: {why}")]
     Malformed { what: String, why: String },
+    #[error("{0:?} request before SASL authentication (or after its session expired)")]
+    Unauthenticated(ApiKey),
 }
 
 /// Takes one whole request frame (without its length) off the front of `input`, if there.
@@ -189,13 +202,27 @@ pub fn parse(mut frame: Bytes, session: &Arc<Session>) -> Result<Parsed, Refusal
     Ok(Parsed::Request(ctx, frame))
 }
 
+/// SASL's gate (`required`: the broker offers SASL): a connection not admitted, or whose session
+/// expired, may send only ApiVersions, SaslHandshake and SaslAuthenticate; anything else closes
+/// it, as Kafka does.
+pub fn admit(p: Parsed, required: bool) -> Result<Parsed, Refusal> {
+    if required {
+        if let Parsed::Request(c, _) = &p {
+            if !sasl::admits_unauthenticated(c.api) && !c.session.admitted() {
+                return Err(Refusal::Unauthenticated(c.api));
+            }
+        }
+    }
+    Ok(p)
+}
+
 /// Decodes one request of `session`'s connection and starts it; the reply future finishes it.
 pub async fn start(
     broker: &Arc<Broker>,
     session: &Arc<Session>,
     frame: Bytes,
 ) -> Result<Reply, Refusal> {
-    match parse(frame, session)? {
+    match admit(parse(frame, session)?, broker.cfg.sasl.required())? {
         Parsed::Answered(r) => Ok(r),
         Parsed::Request(ctx, body) => dispatch(broker, &ctx, body).await,
     }
@@ -227,6 +254,14 @@ pub async fn dispatch(broker: &Arc<Broker>, ctx: &Ctx, mut frame: Bytes) -> Resu
         ApiKey::CreateAcls => acl::api::create(b, &ctx, decode(&ctx, &mut frame)?).await,
         ApiKey::DescribeAcls => acl::api::describe(b, &ctx, decode(&ctx, &mut frame)?),
         ApiKey::DeleteAcls => acl::api::delete(b, &ctx, decode(&ctx, &mut frame)?).await,
+        ApiKey::SaslHandshake => sasl::api::handshake(b, &ctx, decode(&ctx, &mut frame)?),
+        ApiKey::SaslAuthenticate => sasl::api::authenticate(b, &ctx, decode(&ctx, &mut frame)?),
+        ApiKey::DescribeUserScramCredentials => {
+            scram_api::describe(b, &ctx, decode(&ctx, &mut frame)?)
+        }
+        ApiKey::AlterUserScramCredentials => {
+            scram_api::alter(b, &ctx, decode(&ctx, &mut frame)?).await
+        }
         other => return Err(Refusal::UnknownApi(other as i16)),
     };
     Ok(reply)

@@ -1,6 +1,9 @@
 //! nvmq's own records in its internal partitions: topic tombstones, producer ids, group
-//! generations, idempotent producers' state and time indexes in `__nvmq_meta`, committed offsets
+//! generations, idempotent producers' state, time indexes and SCRAM credentials in
+//! `__nvmq_meta`, committed offsets
 //! in `__consumer_offsets`. Replayed on start.
+
+use crate::sasl::{ScramCredential, ScramMechanism};
 
 pub const META_TOPIC: &str = "__nvmq_meta";
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
@@ -86,6 +89,15 @@ pub struct TimeIndexPart {
 pub const TIME_INDEX_HEADER_LEN: usize = 1 + 4 + 8 + 8 + 8 + 1 + 16 + 8 + 4 + 4 + 4;
 pub const TIME_SAMPLE_LEN: usize = 16;
 
+/// A user's SCRAM credential for one mechanism: salt, iterations and the two keys, never the
+/// password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialRecord {
+    pub user: String,
+    pub mechanism: ScramMechanism,
+    pub credential: ScramCredential,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaRecord {
     /// The topic is deleted: a topic of that name created later is `incarnation` (the count of
@@ -105,6 +117,13 @@ pub enum MetaRecord {
     AclAdded(crate::acl::Binding),
     /// An ACL binding was deleted (DeleteAcls).
     AclRemoved(crate::acl::Binding),
+    /// A user's credential is set (replacing the one for that mechanism).
+    Credential(CredentialRecord),
+    /// A user's credential for that mechanism is removed.
+    CredentialRemoved {
+        user: String,
+        mechanism: ScramMechanism,
+    },
 }
 
 impl Commit {
@@ -161,11 +180,19 @@ const TAG_PRODUCER_STATE: u8 = 5;
 const TAG_TIME_INDEX: u8 = 6;
 const TAG_ACL_ADDED: u8 = 12;
 const TAG_ACL_REMOVED: u8 = 13;
+const TAG_CREDENTIAL: u8 = 10;
+const TAG_CREDENTIAL_REMOVED: u8 = 11;
 
 pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     let b = s.as_bytes();
     out.extend((b.len().min(u16::MAX as usize) as u16).to_be_bytes());
     out.extend(&b[..b.len().min(u16::MAX as usize)]);
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    let n = b.len().min(u16::MAX as usize);
+    out.extend((n as u16).to_be_bytes());
+    out.extend(&b[..n]);
 }
 
 impl MetaRecord {
@@ -261,6 +288,20 @@ impl MetaRecord {
             MetaRecord::AclRemoved(b) => {
                 out.push(TAG_ACL_REMOVED);
                 crate::acl::record::put(&mut out, b);
+            }
+            MetaRecord::Credential(c) => {
+                out.push(TAG_CREDENTIAL);
+                put_str(&mut out, &c.user);
+                out.push(c.mechanism.code() as u8);
+                put_bytes(&mut out, &c.credential.salt);
+                out.extend(c.credential.iterations.to_be_bytes());
+                put_bytes(&mut out, &c.credential.stored_key);
+                put_bytes(&mut out, &c.credential.server_key);
+            }
+            MetaRecord::CredentialRemoved { user, mechanism } => {
+                out.push(TAG_CREDENTIAL_REMOVED);
+                put_str(&mut out, user);
+                out.push(mechanism.code() as u8);
             }
         }
         out
@@ -390,6 +431,20 @@ impl MetaRecord {
             }
             TAG_ACL_ADDED => MetaRecord::AclAdded(crate::acl::record::get(&mut c)?),
             TAG_ACL_REMOVED => MetaRecord::AclRemoved(crate::acl::record::get(&mut c)?),
+            TAG_CREDENTIAL => MetaRecord::Credential(CredentialRecord {
+                user: c.str()?,
+                mechanism: c.mechanism()?,
+                credential: ScramCredential {
+                    salt: c.bytes()?,
+                    iterations: c.i32()? as u32,
+                    stored_key: c.bytes()?,
+                    server_key: c.bytes()?,
+                },
+            }),
+            TAG_CREDENTIAL_REMOVED => MetaRecord::CredentialRemoved {
+                user: c.str()?,
+                mechanism: c.mechanism()?,
+            },
             t => return Err(format!("unknown record tag {t}")),
         };
         if c.at != b.len() {
@@ -439,6 +494,15 @@ impl Cursor<'_> {
         let mut a = [0u8; 8];
         a.copy_from_slice(self.take(8)?);
         Ok(i64::from_be_bytes(a))
+    }
+    fn bytes(&mut self) -> Result<Vec<u8>, String> {
+        let s = self.take(2)?;
+        let n = usize::from(u16::from_be_bytes([s[0], s[1]]));
+        Ok(self.take(n)?.to_vec())
+    }
+    fn mechanism(&mut self) -> Result<ScramMechanism, String> {
+        let c = self.u8()?;
+        ScramMechanism::from_code(c as i8).ok_or_else(|| format!("unknown SCRAM mechanism {c}"))
     }
     pub(crate) fn str(&mut self) -> Result<String, String> {
         let s = self.take(2)?;
@@ -583,6 +647,20 @@ mod tests {
                 parts: 1,
                 samples: vec![],
             }),
+            MetaRecord::Credential(CredentialRecord {
+                user: "alice".into(),
+                mechanism: ScramMechanism::Sha512,
+                credential: ScramCredential {
+                    salt: vec![1; 32],
+                    iterations: 4096,
+                    stored_key: vec![2; 64],
+                    server_key: vec![3; 64],
+                },
+            }),
+            MetaRecord::CredentialRemoved {
+                user: "bob".into(),
+                mechanism: ScramMechanism::Sha256,
+            },
         ];
         let acl = crate::acl::Binding::from_wire(crate::acl::Wire {
             resource_type: 2,
@@ -611,6 +689,9 @@ mod tests {
         bad.extend([0, 1, b'*', 99, 3]);
         let e = MetaRecord::decode(&bad).unwrap_err();
         assert!(e.contains("operation code 99"), "{e}");
+        // A credential of an unknown mechanism is refused, by name.
+        let e = MetaRecord::decode(&[11, 0, 1, b'u', 7]).unwrap_err();
+        assert!(e.contains("mechanism 7"), "{e}");
         // A batch at or past the snapshot's `through`, more than five batches, a part past the
         // count: each refused.
         let snap = |batches: Vec<StoredBatch>, part: u32| {

@@ -4,7 +4,11 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::sasl::SaslState;
 
 /// A principal as Kafka writes it: `User:alice`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -59,6 +63,15 @@ pub struct Session {
     identity: Mutex<Identity>,
     /// The authorizer's decisions for this connection (`acl::check`).
     pub(crate) decisions: Mutex<crate::acl::check::Cache>,
+    /// When the connection was opened: `admitted_until` counts from here.
+    opened: Instant,
+    /// Until when (ms after `opened`) a connection that must authenticate may send requests
+    /// beyond ApiVersions and SASL's own: 0 not (yet, or any more), `u64::MAX` for as long as it
+    /// lives. An atomic, so that the check before every request is one load (and a clock read
+    /// only when sessions expire).
+    admitted_until: AtomicU64,
+    /// The SASL exchange in progress (mechanism chosen, SCRAM's first messages).
+    pub(crate) sasl: Mutex<SaslState>,
 }
 
 impl Session {
@@ -71,7 +84,42 @@ impl Session {
                 authenticated: false,
             }),
             decisions: Mutex::default(),
+            opened: Instant::now(),
+            admitted_until: AtomicU64::new(0),
+            sasl: Mutex::new(SaslState::default()),
         })
+    }
+
+    /// Whether the connection passed authentication and its session has not expired.
+    pub fn admitted(&self) -> bool {
+        match self.admitted_until.load(Ordering::Acquire) {
+            0 => false,
+            u64::MAX => true,
+            until => (self.opened.elapsed().as_millis() as u64) < until,
+        }
+    }
+
+    /// Names the principal SASL authenticated, admitted until `expires` (None: for as long as
+    /// the connection lives).
+    pub fn authenticate(&self, principal: Principal, expires: Option<Instant>) {
+        *self.identity() = Identity {
+            principal,
+            authenticated: true,
+        };
+        let until = match expires {
+            None => u64::MAX,
+            // At least 1: 0 means "not admitted".
+            Some(t) => {
+                (t.saturating_duration_since(self.opened).as_millis() as u64).clamp(1, u64::MAX - 1)
+            }
+        };
+        self.admitted_until.store(until, Ordering::Release);
+    }
+
+    /// Admits nothing more but ApiVersions and SASL (a failed authentication).
+    pub fn revoke(&self) {
+        self.admitted_until.store(0, Ordering::Release);
+        self.identity().authenticated = false;
     }
 
     pub fn identity(&self) -> MutexGuard<'_, Identity> {
@@ -112,5 +160,28 @@ mod tests {
             authenticated: true,
         };
         assert_eq!(s.principal().to_string(), "User:bob");
+    }
+
+    #[test]
+    fn admission_follows_authentication_and_its_expiry() {
+        let s = Session::new(None);
+        assert!(!s.admitted());
+        s.authenticate(Principal::user("alice"), None);
+        assert!(s.admitted());
+        assert!(s.identity().authenticated);
+        assert_eq!(s.principal(), Principal::user("alice"));
+        s.authenticate(
+            Principal::user("alice"),
+            Some(Instant::now() + std::time::Duration::from_secs(3600)),
+        );
+        assert!(s.admitted());
+        // A session that expired (here: at its start) admits nothing more.
+        s.authenticate(Principal::user("alice"), Some(s.opened));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert!(!s.admitted());
+        s.authenticate(Principal::user("alice"), None);
+        s.revoke();
+        assert!(!s.admitted());
+        assert!(!s.identity().authenticated);
     }
 }

@@ -413,6 +413,22 @@ fn walk(api: ApiKey, v: i16, w: &mut Walk<'_>) -> R {
                 w.structs(false, acl)
             }
         }
+        ApiKey::SaslHandshake => w.string(false),
+        ApiKey::SaslAuthenticate => w.bytes(false),
+        ApiKey::DescribeUserScramCredentials => w.structs(true, |w| w.string(false)),
+        ApiKey::AlterUserScramCredentials => {
+            w.structs(false, |w| {
+                w.string(false)?;
+                w.i8()
+            })?;
+            w.structs(false, |w| {
+                w.string(false)?;
+                w.i8()?;
+                w.i32()?;
+                w.bytes(false)?;
+                w.bytes(false)
+            })
+        }
         // ApiVersions v0-2: an empty body (Fetch: `fetch`). Every field is walked, so that in
         // flexible versions the tagged fields are found where the codec reads them.
         _ => Ok(()),

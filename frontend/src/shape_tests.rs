@@ -318,6 +318,41 @@ fn sample(api: ApiKey, v: i16) -> Option<Vec<u8>> {
             r.unknown_tagged_fields = extra;
             r.encode(&mut b, v)
         }
+        ApiKey::SaslHandshake => {
+            let mut r = SaslHandshakeRequest::default();
+            r.mechanism = st("SCRAM-SHA-256");
+            r.encode(&mut b, v)
+        }
+        ApiKey::SaslAuthenticate => {
+            let mut r = SaslAuthenticateRequest::default();
+            r.auth_bytes = Bytes::from_static(b"n,,n=alice,r=abc");
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
+        ApiKey::DescribeUserScramCredentials => {
+            let mut u = describe_user_scram_credentials_request::UserName::default();
+            u.name = st("alice");
+            let mut r = DescribeUserScramCredentialsRequest::default();
+            r.users = Some(vec![u.clone(), u]);
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
+        ApiKey::AlterUserScramCredentials => {
+            let mut d = alter_user_scram_credentials_request::ScramCredentialDeletion::default();
+            d.name = st("bob");
+            d.mechanism = 1;
+            let mut u = alter_user_scram_credentials_request::ScramCredentialUpsertion::default();
+            u.name = st("alice");
+            u.mechanism = 2;
+            u.iterations = 4096;
+            u.salt = Bytes::from_static(b"salt");
+            u.salted_password = Bytes::from_static(&[7; 64]);
+            let mut r = AlterUserScramCredentialsRequest::default();
+            r.deletions = vec![d];
+            r.upsertions = vec![u];
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
         other => panic!("{other:?} is served but has no sample here: add one"),
     };
     r.unwrap_or_else(|e| panic!("{api:?} v{v}: the sample does not encode: {e}"));
@@ -404,4 +439,27 @@ fn absurd_compact_counts_and_tags_are_refused() {
     lying[at + 1] = 15;
     let e = check(ApiKey::Fetch, 17, &lying).unwrap_err();
     assert!(e.contains("claims 15 bytes and holds 16"), "{e}");
+}
+
+#[test]
+fn absurd_compact_counts_are_refused_before_decoding() {
+    let api = ApiKey::AlterUserScramCredentials;
+    // Deletions: a varint count of about 2^32 and nothing behind it.
+    assert!(check(api, 0, &[0xff, 0xff, 0xff, 0xff, 0x0f]).is_err());
+    // A varint longer than five bytes.
+    assert!(check(api, 0, &[0xff, 0xff, 0xff, 0xff, 0xff, 0x01]).is_err());
+    // No deletions, one upsertion (user "u", SHA-256, 4096 iterations, 1-byte salt and
+    // salted password), no tagged fields.
+    let mut ok = vec![1, 2, 2, b'u', 1];
+    ok.extend(4096i32.to_be_bytes());
+    ok.extend([2, 9, 2, 9, 0, 0]);
+    assert!(check(api, 0, &ok).is_ok());
+    assert!(check(api, 0, &ok[..ok.len() - 1]).is_err());
+    // Describe: null (every user) or a list of names.
+    let d = ApiKey::DescribeUserScramCredentials;
+    assert!(check(d, 0, &[0, 0]).is_ok());
+    assert!(check(d, 0, &[2, 2, b'u', 0, 0]).is_ok());
+    assert!(check(d, 0, &[0x80, 0x80, 0x80, 0x80, 0x08, 0]).is_err());
+    // A tagged field longer than the body.
+    assert!(check(d, 0, &[0, 1, 0, 100]).is_err());
 }

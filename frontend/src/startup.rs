@@ -17,6 +17,7 @@ use nvmq_log::{Log, LogError, Record};
 use tokio::sync::watch;
 
 use crate::broker::{valid_topic_name, Startup};
+use crate::credentials::Credentials;
 use crate::meta::TimesHead;
 use crate::meta::{MetaRecord, META_TOPIC, OFFSETS_TOPIC};
 use crate::offsets::Offsets;
@@ -37,6 +38,7 @@ pub(crate) struct Replayed {
     pub startup: Startup,
     pub time_index: TimeIndex,
     pub acls: crate::acl::Acls,
+    pub credentials: Credentials,
 }
 
 /// Time index snapshot parts of one device's partitions.
@@ -91,6 +93,7 @@ pub(crate) fn replay(
     let mut acls = crate::acl::Acls::default();
     let mut snapshots: Vec<Assembler> = logs.iter().map(|_| Assembler::default()).collect();
     let mut times: Vec<TimeParts> = logs.iter().map(|_| TimeParts::default()).collect();
+    let credentials = Credentials::default();
     for (dev, (log, &meta)) in logs.iter().zip(&internal.metas).enumerate() {
         let asm = &mut snapshots[dev];
         let t = &mut times[dev];
@@ -116,6 +119,11 @@ pub(crate) fn replay(
                 acls.remove(&b);
             }
             MetaRecord::Commits { .. } => {}
+            rec @ (MetaRecord::Credential(_) | MetaRecord::CredentialRemoved { .. })
+                if dev == 0 =>
+            {
+                credentials.replay(&rec)
+            }
             other => tracing::warn!(device = dev, ?other, "unexpected record in {META_TOPIC}"),
         })?;
     }
@@ -139,6 +147,7 @@ pub(crate) fn replay(
         startup,
         time_index,
         acls,
+        credentials,
     })
 }
 

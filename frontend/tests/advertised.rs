@@ -370,6 +370,24 @@ async fn check(addr: SocketAddr, key: i16, v: i16) -> Result<(), String> {
             r.filters = vec![f];
             answered(addr, v, &r).await
         }
+        // Without SASL configured these are refused (UNSUPPORTED_SASL_MECHANISM,
+        // ILLEGAL_SASL_STATE) in a well-formed answer; tests/sasl.rs logs in with them.
+        ApiKey::SaslHandshake => {
+            let mut r = SaslHandshakeRequest::default();
+            r.mechanism = s("PLAIN");
+            answered(addr, v, &r).await
+        }
+        ApiKey::SaslAuthenticate => {
+            let mut r = SaslAuthenticateRequest::default();
+            r.auth_bytes = Bytes::from_static(b"\0u\0p");
+            answered(addr, v, &r).await
+        }
+        ApiKey::DescribeUserScramCredentials => {
+            answered(addr, v, &DescribeUserScramCredentialsRequest::default()).await
+        }
+        ApiKey::AlterUserScramCredentials => {
+            answered(addr, v, &AlterUserScramCredentialsRequest::default()).await
+        }
         other => Err(format!(
             "{other:?} is advertised but this test has no request for it: add one"
         )),

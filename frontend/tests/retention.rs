@@ -1,13 +1,14 @@
-//! The broker's own state (committed offsets, topic tombstones) lives in internal partitions of
-//! the same ring as the data. When the ring wraps and the oldest data is freed, the periodic
-//! snapshot keeps that state alive: after several laps and a power cut, it is all still there
-//! (topic ids included, which follow from the topics' incarnations).
+//! The broker's own state (committed offsets, topic tombstones, SCRAM credentials) lives in
+//! internal partitions of the same ring as the data. When the ring wraps and the oldest data is
+//! freed, the periodic snapshot keeps that state alive: after several laps and a power cut, it is
+//! all still there (topic ids included, which follow from the topics' incarnations).
 
 mod common;
 
 use frontend::client::Client;
-use frontend::meta::OFFSETS_TOPIC;
-use frontend::Config;
+use frontend::meta::{META_TOPIC, OFFSETS_TOPIC};
+use frontend::sasl::{ScramCredential, ScramMechanism};
+use frontend::{Broker, Config};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
@@ -71,11 +72,38 @@ async fn state_survives_the_ring_wrapping_over_it_and_a_power_cut() {
     let r = cl.call(2, &oc).await.unwrap();
     assert_eq!(r.topics[0].partitions[0].error_code, 0);
 
+    // A user kept, and one added and then removed.
+    let sha512 = ScramMechanism::Sha512;
+    let carol = ScramCredential::new(sha512, b"carol-pw", 4096).unwrap();
+    b.set_credential("carol", sha512, carol.clone())
+        .await
+        .unwrap();
+    let dave = ScramCredential::new(ScramMechanism::Sha256, b"dave-pw", 4096).unwrap();
+    b.set_credential("dave", ScramMechanism::Sha256, dave)
+        .await
+        .unwrap();
+    b.remove_credential("dave", ScramMechanism::Sha256)
+        .await
+        .unwrap();
+    let meta_end = |b: &Broker| {
+        b.log()
+            .partitions()
+            .into_iter()
+            .find(|p| p.1 == META_TOPIC)
+            .map(|p| (p.3, p.4))
+            .unwrap()
+    };
+    let credentials_end = meta_end(&b).1;
+
     common::lap_the_ring(&mut cl, "data").await;
     let offsets_start = common::internal_start(&b, OFFSETS_TOPIC);
     assert!(
         offsets_start > 0,
         "the ring never freed the first commit: the test proves nothing"
+    );
+    assert!(
+        meta_end(&b).0 >= credentials_end,
+        "the ring never freed the credential records: the test proves nothing"
     );
 
     handle.power_cut();
@@ -96,5 +124,18 @@ async fn state_survives_the_ring_wrapping_over_it_and_a_power_cut() {
         b2.topics().id("again"),
         Some(again_id),
         "the re-created topic's id changed"
+    );
+    assert_eq!(b2.credentials().get("carol", sha512), Some(carol));
+    assert!(b2.credentials().for_plain("carol").is_some());
+    let users: Vec<String> = b2
+        .credentials()
+        .list()
+        .into_iter()
+        .map(|c| c.user)
+        .collect();
+    assert_eq!(
+        users,
+        ["carol"],
+        "the removed user came back, or carol is gone"
     );
 }

@@ -203,7 +203,8 @@ fn check_value(root: &Command, sub: Option<&Command>, tokens: &[OsString]) -> Re
         .clone()
         .subcommand_required(false)
         .arg_required_else_help(false)
-        .mut_subcommands(|s| s.mut_args(|a| a.required(false)));
+        // A command with subcommands of its own (`user`) takes its flags without one here.
+        .mut_subcommands(|s| s.subcommand_required(false).mut_args(|a| a.required(false)));
     let mut argv: Vec<&OsStr> = vec![OsStr::new("nvmq")];
     if let Some(s) = sub {
         argv.push(OsStr::new(s.get_name()));

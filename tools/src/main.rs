@@ -19,6 +19,7 @@ mod progress;
 mod readonly;
 mod reference;
 mod serve;
+mod user;
 mod verify;
 
 use std::process::ExitCode;
@@ -79,6 +80,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Measure the Kafka frontend: producers speaking the protocol, acks=all.
     KafkaBench(kafka_bench::KafkaBenchArgs),
+    /// Add, remove and list SASL users (SCRAM credentials stored in the log) on a stopped
+    /// broker's device.
+    User(user::UserArgs),
     /// Print the configuration reference (docs/config-reference.md) generated from these flags.
     #[command(hide = true)]
     ConfigReference,
@@ -167,6 +171,7 @@ fn main() -> ExitCode {
         Command::BenchRecovery(a) => bench_recovery::run(a).map(|()| Status::Ok),
         Command::Serve(a) => serve::run(a),
         Command::KafkaBench(a) => kafka_bench::run(a).map(|()| Status::Ok),
+        Command::User(a) => user::run(a),
         Command::ConfigReference => {
             print!("{}", reference::render(&Cli::command()));
             Ok(Status::Ok)

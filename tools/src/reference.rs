@@ -19,6 +19,13 @@ fn shown_args(cmd: &Command, global: bool) -> impl Iterator<Item = &Arg> {
     })
 }
 
+/// A command's own flags: its global ones too (`user --device`, shared by its subcommands), not
+/// the root's global flags propagated into it.
+fn command_args<'a>(root: &'a Command, cmd: &'a Command) -> impl Iterator<Item = &'a Arg> {
+    let root_global = |a: &Arg| shown_args(root, true).any(|g| g.get_id() == a.get_id());
+    shown_args(cmd, false).chain(shown_args(cmd, true).filter(move |a| !root_global(a)))
+}
+
 /// The whole reference, as markdown.
 pub fn render(root: &Command) -> String {
     let mut out = String::new();
@@ -74,7 +81,7 @@ pub fn render(root: &Command) -> String {
             "Config file table: `[{}]`.\n\n",
             c.get_name().replace('-', "_")
         ));
-        table(&mut out, shown_args(c, false));
+        table(&mut out, command_args(root, c));
         if let Some(after) = c.get_after_long_help().or(c.get_after_help()) {
             // Examples are laid out for a terminal: keep them as they are.
             out.push_str(&format!(

@@ -12,7 +12,7 @@ use nvmq_log::{FlushMode, FormatOptions, LogConfig};
 use crate::devspec::DeviceSpec;
 use crate::Status;
 
-const DEFAULT_DEVICE: &str = "file:./nvmq-data/nvmq.img";
+pub const DEFAULT_DEVICE: &str = "file:./nvmq-data/nvmq.img";
 
 /// How often serve looks whether a writer stopped. Polled rather than waited for: a waiter on
 /// the log's condition variable would make every flush's notification a system call.
@@ -30,9 +30,9 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, default_value = "127.0.0.1:9092")]
     pub listen: String,
-    /// Listen on an address other than loopback without TLS: anyone who reaches the port can
-    /// read, write and delete every topic. Without it (or --tls-cert), a non-loopback --listen
-    /// is refused.
+    /// Listen on an address other than loopback without TLS or SASL: anyone who reaches the port
+    /// can read, write and delete every topic. Without it (or --tls-cert, or
+    /// --sasl-mechanisms), a non-loopback --listen is refused.
     #[arg(long)]
     pub insecure_network: bool,
     /// Serve the Kafka listener over TLS with this certificate (PEM: the server's certificate
@@ -46,6 +46,17 @@ pub struct ServeArgs {
     /// the client's principal is then `User:<subject DN>`. Needs --tls-cert. Re-read on SIGHUP.
     #[arg(long, requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    /// SASL mechanisms offered, comma-separated: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512. When set,
+    /// a connection must authenticate before any request but ApiVersions and SASL's own; users
+    /// come from `nvmq user add` or AlterUserScramCredentials. PLAIN sends the password in the
+    /// clear: use it only on a trusted network.
+    #[arg(long, value_delimiter = ',', value_parser = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])]
+    pub sasl_mechanisms: Vec<String>,
+    /// How long a SASL authentication holds; clients re-authenticate on their connection before
+    /// it ends (KIP-368), and a connection that did not is closed at its next request (Kafka's
+    /// connections.max.reauth.ms). 0: for the connection's life.
+    #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "0")]
+    pub sasl_session_lifetime: Duration,
     /// host:port clients are told to connect to (Metadata, FindCoordinator); defaults to the
     /// listening address.
     #[arg(long)]
@@ -179,12 +190,16 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         .listen
         .parse()
         .with_context(|| format!("--listen {:?}: expected host:port", args.listen))?;
+    let sasl = sasl_config(&args)?;
     // Safe by default: an unsecured listener serves only this host unless the operator says
     // otherwise in so many words.
-    if !listen.ip().is_loopback() && !args.insecure_network && !listener_is_secured(&args) {
+    if !listen.ip().is_loopback() && !args.insecure_network && !listener_is_secured(&args, &sasl) {
         bail!(
-            "--listen {listen}: not a loopback address, and the listener has no TLS (anyone who reaches the port could read, write and delete every topic); configure --tls-cert and --tls-key, listen on 127.0.0.1, or pass --insecure-network on a trusted network"
+            "--listen {listen}: not a loopback address, and the listener has neither TLS nor SASL (anyone who reaches the port could read, write and delete every topic); configure --tls-cert and --tls-key or --sasl-mechanisms, listen on 127.0.0.1, or pass --insecure-network on a trusted network"
         );
+    }
+    if sasl.mechanisms.contains(&frontend::sasl::Mechanism::Plain) && args.tls_cert.is_none() {
+        tracing::warn!("SASL PLAIN is enabled without TLS: passwords cross the network in the clear; use SCRAM, TLS, or PLAIN only on a trusted network");
     }
     let tls = tls_settings(&args)?;
     let cfg = LogConfig {
@@ -284,6 +299,7 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         write_timeout: args.write_timeout,
         authorizer: args.authorizer,
         super_users: args.super_users.clone(),
+        sasl,
         ..frontend::Config::default()
     };
     let opened = std::time::Instant::now();
@@ -337,6 +353,7 @@ pub fn run(args: ServeArgs) -> Result<Status> {
     } else if !args.super_users.is_empty() {
         eprintln!("note: --super-users has no effect without --authorizer");
     }
+    report_sasl(&server);
     if args.ceiling {
         println!("CEILING MODE: Produce is answered without storing anything (benchmark only)");
     }
@@ -381,6 +398,44 @@ pub fn run(args: ServeArgs) -> Result<Status> {
     server.shutdown().context("stopping")?;
     println!("nvmq stopped");
     Ok(Status::Ok)
+}
+
+/// The SASL settings of the flags.
+fn sasl_config(args: &ServeArgs) -> Result<frontend::sasl::SaslConfig> {
+    let mut mechanisms = Vec::new();
+    for name in &args.sasl_mechanisms {
+        let m = frontend::sasl::Mechanism::parse(name)
+            .ok_or_else(|| anyhow!("--sasl-mechanisms: unknown mechanism {name:?}"))?;
+        if !mechanisms.contains(&m) {
+            mechanisms.push(m);
+        }
+    }
+    let lifetime = args.sasl_session_lifetime;
+    if !lifetime.is_zero() && mechanisms.is_empty() {
+        bail!("--sasl-session-lifetime needs --sasl-mechanisms");
+    }
+    Ok(frontend::sasl::SaslConfig {
+        mechanisms,
+        session_lifetime: (!lifetime.is_zero()).then_some(lifetime),
+    })
+}
+
+/// Says what SASL requires, and warns when no one could log in.
+fn report_sasl(server: &frontend::Server) {
+    let sasl = &server.broker().config().sasl;
+    if !sasl.required() {
+        return;
+    }
+    let names: Vec<&str> = sasl.mechanisms.iter().map(|m| m.name()).collect();
+    println!(
+        "SASL required: {}; sessions {}",
+        names.join(", "),
+        sasl.session_lifetime
+            .map_or("do not expire".to_string(), |d| format!("last {d:?}"))
+    );
+    if server.broker().credentials().list().is_empty() {
+        tracing::warn!("SASL is required but no user exists: nobody can log in; stop serve and run nvmq user add");
+    }
 }
 
 /// The first device whose writer stopped, and why (checked every [`WATCH_EVERY`]).
@@ -454,10 +509,11 @@ fn stop_bounded(server: frontend::Server) {
     }
 }
 
-/// Whether the listener authenticates the server to its clients (TLS), so that it may face a
-/// network: then a non-loopback --listen needs no --insecure-network. SASL extends it.
-pub fn listener_is_secured(args: &ServeArgs) -> bool {
-    args.tls_cert.is_some()
+/// Whether the listener may face a network, so that a non-loopback --listen needs no
+/// --insecure-network: it authenticates the server to its clients (TLS), or clients must prove
+/// who they are before they are served (SASL).
+pub fn listener_is_secured(args: &ServeArgs, sasl: &frontend::sasl::SaslConfig) -> bool {
+    args.tls_cert.is_some() || sasl.required()
 }
 
 /// The TLS settings the flags name, read now: a file that is missing or wrong stops the start

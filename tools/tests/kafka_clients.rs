@@ -3,6 +3,8 @@
 //! `tests/clients/setup.sh` (kcat via apt, the Python ones into a venv under target/); the
 //! scenarios live in `tests/clients/scenarios.py`.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -578,4 +580,111 @@ fn confluent_kafka_presents_a_client_certificate_under_mtls() {
         .map(|p| p.display().to_string())
         .collect();
     scenario(&s.addr, "tls", &strs(&paths));
+}
+
+/// Adds a SASL user offline with `nvmq user add`, the password on stdin.
+fn user_add(device: &str, user: &str, mechanism: &str, password: &str) {
+    let mut child = common::command(&[
+        "user",
+        "add",
+        user,
+        "--device",
+        device,
+        "--mechanism",
+        mechanism,
+    ])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("nvmq user add");
+    writeln!(child.stdin.take().unwrap(), "{password}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "nvmq user add {user} failed");
+}
+
+/// SASL over plaintext with real clients: kcat and confluent-kafka log in with PLAIN,
+/// SCRAM-SHA-256 and SCRAM-SHA-512 and produce and consume; a wrong password and an unknown user
+/// fail with an authentication error; confluent-kafka's AdminClient adds a SCRAM user who then
+/// logs in. No password ever reaches serve's log.
+#[test]
+fn sasl_with_kcat_and_confluent_kafka_and_no_secret_in_the_log() {
+    let _turn = one_at_a_time();
+    let dir = tmp("kafka-sasl");
+    let dev = format!("file:{}", dir.join("log.img").display());
+    let run = common::nvmq(&["format", "--device", &dev, "--size", "256M"]);
+    assert_eq!(run.code, 0, "{run}");
+    user_add(&dev, "alice", "SCRAM-SHA-512", "Alice-Secret-1");
+    user_add(&dev, "bob", "SCRAM-SHA-256", "Bob-Secret-2");
+    let s = common::serve(&[
+        "--device",
+        &dev,
+        "--listen",
+        "127.0.0.1:0",
+        "--sasl-mechanisms",
+        "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+        "--log-level",
+        "info",
+    ]);
+    let logins = [
+        ("PLAIN", "alice", "Alice-Secret-1"),
+        ("SCRAM-SHA-256", "bob", "Bob-Secret-2"),
+        ("SCRAM-SHA-512", "alice", "Alice-Secret-1"),
+    ];
+    let x = |mech: &str, user: &str, pw: &str| {
+        [
+            "security.protocol=SASL_PLAINTEXT".to_string(),
+            format!("sasl.mechanism={mech}"),
+            format!("sasl.username={user}"),
+            format!("sasl.password={pw}"),
+        ]
+        .into_iter()
+        .flat_map(|v| ["-X".to_string(), v])
+        .collect::<Vec<String>>()
+    };
+    for (mech, user, pw) in logins {
+        let topic = format!("kc-{}", mech.to_lowercase());
+        let auth = x(mech, user, pw);
+        let mut p: Vec<&str> = vec!["-P", "-b", &s.kafka, "-t", &topic, "-X", "acks=all"];
+        p.extend(auth.iter().map(String::as_str));
+        kcat(&p, b"one\ntwo\nthree\n");
+        let mut c: Vec<&str> = vec!["-C", "-b", &s.kafka, "-t", &topic, "-o", "beginning", "-e"];
+        c.extend(auth.iter().map(String::as_str));
+        assert_eq!(kcat(&c, b""), "one\ntwo\nthree\n", "{mech}");
+        scenario(
+            &s.kafka,
+            "sasl_ok",
+            &[mech, user, pw, &format!("ck-{topic}")],
+        );
+    }
+    // kcat with a wrong password: no metadata, a failed run.
+    let auth = x("SCRAM-SHA-512", "alice", "Wrong-Secret-3");
+    let mut l: Vec<&str> = vec!["-L", "-b", &s.kafka, "-m", "5"];
+    l.extend(auth.iter().map(String::as_str));
+    let st = Command::new("kcat")
+        .args(&l)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!st.success(), "kcat listed metadata with a wrong password");
+    for (mech, user, pw) in [
+        ("SCRAM-SHA-512", "alice", "Wrong-Secret-3"),
+        ("PLAIN", "bob", "Wrong-Secret-3"),
+        ("SCRAM-SHA-256", "nobody", "Bob-Secret-2"),
+    ] {
+        scenario(&s.kafka, "sasl_refused", &[mech, user, pw]);
+    }
+    scenario(&s.kafka, "scram_admin", &["alice", "Alice-Secret-1"]);
+    assert!(s.stderr_shows(&[
+        "SASL authentication failed",
+        "SASL authentication succeeded"
+    ]));
+    let log = s.stderr();
+    for secret in [
+        "Alice-Secret-1",
+        "Bob-Secret-2",
+        "Wrong-Secret-3",
+        "carol-pw-4",
+    ] {
+        assert!(!log.contains(secret), "serve logged a password: {secret}");
+    }
 }

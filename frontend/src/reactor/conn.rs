@@ -26,6 +26,7 @@ use super::limits::{Admission, Charge};
 use super::secure::{self, Transport};
 use super::service::LoopCtx;
 use crate::conn::{self, Outcome, Parsed, Reply};
+use crate::sasl;
 use crate::session::Session;
 
 /// Input read at once when the buffer is empty; a frame larger than this grows it.
@@ -370,6 +371,7 @@ async fn serve<S: Transport>(
     let cfg = &ctx.broker.cfg;
     let max_in_flight = cfg.max_in_flight_per_connection.max(1);
     let max_frame = cfg.max_frame;
+    let sasl_required = cfg.sasl.required();
     let limits = ctx.server.limits.clone();
     let mut charge = Charge::new(limits.clone());
     // Whether this connection may start requests (whose answers will take memory) or read
@@ -403,7 +405,7 @@ async fn serve<S: Transport>(
         // The requests whose checks are done start first, in order. One that closes the
         // connection (a failed acks=0 produce) is the last one taken, as below.
         checking.resume(ctx, r, &mut released, |seq, slot| {
-            if matches!(slot, Slot::Ready(Outcome::Close)) {
+            if matches!(slot, Slot::Ready(Outcome::Close | Outcome::Last(_))) {
                 eof = true;
             }
             let mut s = st.borrow_mut();
@@ -429,7 +431,13 @@ async fn serve<S: Transport>(
                 waiting_budget = true;
                 break;
             }
-            let frame = match conn::next_frame(&mut input, max_frame) {
+            // After a SaslHandshake v0 the client's tokens come bare (`sasl::raw`).
+            let raw = sasl_required && !session.admitted() && sasl::raw::expected(&session);
+            let next = match raw {
+                true => sasl::raw::next_token(&mut input, max_frame),
+                false => conn::next_frame(&mut input, max_frame),
+            };
+            let frame = match next {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) => {
@@ -439,7 +447,11 @@ async fn serve<S: Transport>(
                 }
             };
             let size = frame.len();
-            let slot = match conn::parse(frame, &session) {
+            let parsed = match raw {
+                true => Ok(sasl::raw::answer(&ctx.broker, &session, &frame)),
+                false => conn::parse(frame, &session).and_then(|p| conn::admit(p, sasl_required)),
+            };
+            let slot = match parsed {
                 Ok(Parsed::Answered(reply)) => Some(Slot::Future(reply)),
                 Ok(Parsed::Request(c, body)) => match c.api {
                     ApiKey::Produce => {
@@ -471,7 +483,7 @@ async fn serve<S: Transport>(
             if let Some(slot) = slot {
                 // A request that closes the connection is the last one taken: Kafka handles a
                 // connection's requests one at a time, so nothing after it is acted on.
-                if matches!(slot, Slot::Ready(Outcome::Close)) {
+                if matches!(slot, Slot::Ready(Outcome::Close | Outcome::Last(_))) {
                     eof = true;
                 }
                 // An answer made at once (a Fetch with data at hand) is held until its turn:
@@ -646,6 +658,10 @@ fn drain(st: &Rc<RefCell<ConnState>>, out: &mut Vec<u8>) -> bool {
             Slot::Ready(Outcome::Send(b)) => out.extend_from_slice(&b),
             Slot::Ready(Outcome::Nothing) => {}
             Slot::Ready(Outcome::Close) => return true,
+            Slot::Ready(Outcome::Last(b)) => {
+                out.extend_from_slice(&b);
+                return true;
+            }
             Slot::Produce(p) => {
                 if !p.encode_into(out) {
                     return true;

@@ -425,11 +425,78 @@ def negotiated():
     print("versions", json.dumps(seen, sort_keys=True), flush=True)
 
 
+def sasl(mechanism, user, password):
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
+            "sasl.username": user, "sasl.password": password}
+
+
+def sasl_ok():
+    """Produces and reads back 50 records logged in as ARGS: mechanism user password topic."""
+    mech, user, password, topic = ARGS
+    conf = sasl(mech, user, password)
+    got = ck_produce(topic, 50, 1, conf)
+    ck_read_all(topic, 1, got, conf)
+    print(f"ok: {mech} as {user}: 50 produced and read back", flush=True)
+
+
+def sasl_refused():
+    """A producer logging in as ARGS (mechanism user password) gets an authentication error."""
+    from confluent_kafka import KafkaError, Producer
+
+    mech, user, password = ARGS
+    errors = []
+    conf = {"bootstrap.servers": BOOT, "error_cb": errors.append}
+    conf.update(sasl(mech, user, password))
+    p = Producer(conf)
+    p.produce("refused", value=b"never")
+    deadline = time.time() + 30
+    while time.time() < deadline and not any(
+            e.code() == KafkaError._AUTHENTICATION for e in errors):
+        p.poll(0.5)
+    auth = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
+    if not auth:
+        fail(f"no authentication error, got {[str(e) for e in errors]}")
+    if "invalid credentials" not in str(auth[0]):
+        fail(f"unexpected message: {auth[0]}")
+    print(f"refused: {mech} as {user}: {auth[0]}", flush=True)
+
+
+def scram_admin():
+    """As ARGS (user password, SCRAM-SHA-512), adds carol with AdminClient, describes her, logs
+    in as her, deletes her."""
+    from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechanism,
+                                       UserScramCredentialDeletion,
+                                       UserScramCredentialUpsertion)
+
+    user, password = ARGS
+    a = AdminClient({"bootstrap.servers": BOOT, **sasl("SCRAM-SHA-512", user, password)})
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 8192)
+    up = UserScramCredentialUpsertion("carol", info, b"carol-pw-4")
+    for f in a.alter_user_scram_credentials([up]).values():
+        f.result(timeout=30)
+    d = a.describe_user_scram_credentials(["carol"])["carol"].result(timeout=30)
+    got = [(i.mechanism, i.iterations) for i in d.scram_credential_infos]
+    if got != [(ScramMechanism.SCRAM_SHA_256, 8192)]:
+        fail(f"carol described as {got}")
+    produced = ck_produce("by-carol", 5, 1, sasl("SCRAM-SHA-256", "carol", "carol-pw-4"))
+    gone = UserScramCredentialDeletion("carol", ScramMechanism.SCRAM_SHA_256)
+    for f in a.alter_user_scram_credentials([gone]).values():
+        f.result(timeout=30)
+    left = a.describe_user_scram_credentials().result(timeout=30)
+    if "carol" in left:
+        fail(f"carol still listed after her deletion: {list(left)}")
+    print(f"ok: carol added ({got}), produced {len(produced)}, deleted; users {sorted(left)}",
+          flush=True)
+
+
 {
     "acl_admin": acl_admin,
     "acl_setup": acl_setup,
     "acl_denied": acl_denied,
     "negotiated": negotiated,
+    "sasl_ok": sasl_ok,
+    "sasl_refused": sasl_refused,
+    "scram_admin": scram_admin,
     "produce_consume": produce_consume,
     "kafka_python": kafka_python,
     "compressed": compressed,
