@@ -16,7 +16,12 @@ use crate::part::{self, PartRef};
 use crate::producer_snapshots;
 use crate::producers::{self as producers_mod, Producers};
 use crate::startup;
+use crate::topic_config::TopicConfigs;
 use crate::FrontendError;
+
+mod topic_state;
+pub use topic_state::Raised;
+use topic_state::TopicState;
 
 /// How the broker presents itself and what it allows.
 #[derive(Debug, Clone)]
@@ -62,6 +67,11 @@ pub struct Config {
     /// Largest number of bytes the records of one compressed batch may decompress to (they are
     /// decompressed to be checked); a batch yielding more is refused with MESSAGE_TOO_LARGE.
     pub max_uncompressed_batch: usize,
+    /// What each device is called (its spec) in DescribeLogDirs; "device-<i>" when missing.
+    pub log_dirs: Vec<String>,
+    /// Settings of the process around the broker (serve's flags) that DescribeConfigs lists
+    /// for the broker, read-only: (name, value, whether it is the default).
+    pub settings: Vec<(String, String, bool)>,
 }
 
 impl Default for Config {
@@ -83,6 +93,8 @@ impl Default for Config {
             producer_id_expiration: crate::producers::DEFAULT_EXPIRATION,
             ceiling: false,
             max_uncompressed_batch: crate::records::DEFAULT_MAX_UNCOMPRESSED,
+            log_dirs: Vec::new(),
+            settings: Vec::new(),
         }
     }
 }
@@ -170,6 +182,8 @@ pub struct Broker {
     /// Appends the frontend may have in flight (`append_permits` when none is).
     append_capacity: u32,
     next_producer_id: Mutex<i64>,
+    /// Topic configs, raised log start offsets, batch limits (`topic_state`).
+    topic_state: Mutex<TopicState>,
     stop: Arc<AtomicBool>,
 }
 
@@ -240,7 +254,12 @@ impl Broker {
         }
         let permits = queue_capacity.max(4);
         let append_capacity = u32::try_from(permits * 3 / 4).unwrap_or(u32::MAX);
-        Ok(Arc::new(Broker {
+        let topic_state = TopicState {
+            configs: replayed.configs,
+            starts: replayed.starts,
+            limits: HashMap::new(),
+        };
+        let b = Arc::new(Broker {
             cfg,
             topics: Mutex::new(topics),
             create_lock: tokio::sync::Mutex::new(()),
@@ -259,8 +278,11 @@ impl Broker {
             startup: replayed.startup,
             append_capacity,
             next_producer_id: Mutex::new(replayed.next_producer_id),
+            topic_state: Mutex::new(topic_state),
             stop,
-        }))
+        });
+        b.refresh_limits();
+        Ok(b)
     }
 
     pub fn topics(&self) -> MutexGuard<'_, Topics> {
@@ -401,6 +423,18 @@ impl Broker {
 
     /// Creates `partitions` partitions of a new topic; Ok(false) if the topic exists already.
     pub async fn create_topic(&self, name: &str, partitions: u32) -> Result<bool, LogError> {
+        self.create_topic_with(name, partitions, TopicConfigs::default())
+            .await
+    }
+
+    /// `create_topic` with configs (validated by the caller): recorded before the topic is
+    /// served, so that no produce goes to it under the defaults.
+    pub async fn create_topic_with(
+        &self,
+        name: &str,
+        partitions: u32,
+        configs: TopicConfigs,
+    ) -> Result<bool, LogError> {
         let _one_at_a_time = self.create_lock.lock().await;
         let log_name = {
             let t = self.topics();
@@ -410,9 +444,17 @@ impl Broker {
             t.log_name(name)
         };
         let ids = self.create_partitions(&log_name, 0..partitions).await?;
+        let recorded = if configs.set.is_empty() {
+            Ok(())
+        } else {
+            self.record_configs(name, configs).await
+        };
+        // Served even if its configs failed to record: its partitions exist (the next start
+        // finds them too), at the defaults; the caller reports the failure.
         self.topics().map.insert(name.to_string(), ids);
+        self.refresh_limits();
         tracing::info!(topic = name, partitions, "topic created");
-        Ok(true)
+        recorded.map(|()| true)
     }
 
     /// Grows a topic to `count` partitions: Ok(Err(current count)) if it does not have fewer,
@@ -437,6 +479,7 @@ impl Broker {
         if let Some(p) = self.topics().map.get_mut(name) {
             p.extend(ids);
         }
+        self.refresh_limits();
         tracing::info!(topic = name, partitions = count, "topic grown");
         Ok(Some(Ok(())))
     }
@@ -597,6 +640,7 @@ impl Broker {
             t.map.remove(name);
             t.incarnation.insert(name.to_string(), incarnation);
         }
+        self.forget_topic(name, &parts);
         if let Err(e) = self.delete_log_partitions(&parts).await {
             tracing::warn!(topic = name, error = %e, "could not delete the topic's log partitions; the next start deletes them");
         }
@@ -670,6 +714,9 @@ impl Broker {
             if let Some((head, samples)) = self.time_index.snapshot(p, changed_only) {
                 recs.extend(crate::time_index::records(p.id, head, samples, max));
             }
+            if !changed_only {
+                recs.extend(self.start_record(p));
+            }
             for r in recs {
                 waits.push(self.append(meta, r.encode(), 1).await?);
             }
@@ -696,6 +743,7 @@ impl Broker {
         if next > 0 {
             meta.push(MetaRecord::ProducerId { id: next - 1 });
         }
+        meta.extend(self.config_records());
         meta.extend(
             self.groups
                 .generations()
@@ -734,9 +782,12 @@ impl Broker {
     }
 
     /// (start offset, durable end) of a partition.
+    /// The start is the log's own or, if DeleteRecords or retention raised it, that.
     pub fn bounds(&self, p: PartRef) -> Option<(u64, u64)> {
         // Straight from the shared state: `Log::partition` copies the partition's whole index.
-        startup::log_bounds(self.log_of(p), p.id)
+        let (start, end) = startup::log_bounds(self.log_of(p), p.id)?;
+        let raised = self.raised_start(p).unwrap_or(0);
+        Some((start.max(raised).min(end), end))
     }
 }
 

@@ -6,12 +6,15 @@
 pub mod admin;
 pub mod batch;
 pub mod broker;
+pub mod broker_config;
 pub mod client;
 pub mod codes;
+pub mod config_api;
 pub mod conn;
 pub mod fetch;
 pub mod group_api;
 pub mod groups;
+pub mod log_api;
 pub mod meta;
 pub mod offsets;
 pub mod part;
@@ -26,6 +29,7 @@ pub mod shape;
 pub mod snapshot_parts;
 mod startup;
 pub mod time_index;
+pub mod topic_config;
 pub mod versions;
 
 pub use broker::{Broker, Config, Startup};

@@ -1,6 +1,6 @@
 //! nvmq's own records in its internal partitions: topic tombstones, producer ids, group
-//! generations, idempotent producers' state and time indexes in `__nvmq_meta`, committed offsets
-//! in `__consumer_offsets`. Replayed on start.
+//! generations, idempotent producers' state, time indexes, topic configs and log start offsets
+//! in `__nvmq_meta`, committed offsets in `__consumer_offsets`. Replayed on start.
 
 pub const META_TOPIC: &str = "__nvmq_meta";
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
@@ -101,6 +101,16 @@ pub enum MetaRecord {
     ProducerState(ProducerStatePart),
     /// Part of a snapshot of a data partition's time index (ListOffsets by timestamp).
     TimeIndex(TimeIndexPart),
+    /// Every config set on a topic (those not named are at their defaults), for the topic's
+    /// incarnation (its deletions so far): a later incarnation starts from defaults.
+    TopicConfig {
+        name: String,
+        incarnation: u32,
+        configs: Vec<(String, String)>,
+    },
+    /// Data partition `partition` (of the device whose `__nvmq_meta` holds it) serves nothing
+    /// below `start` (DeleteRecords, retention): its log start offset.
+    LogStart { partition: u32, start: u64 },
 }
 
 impl Commit {
@@ -155,6 +165,8 @@ const TAG_GENERATION: u8 = 3;
 const TAG_COMMITS: u8 = 4;
 const TAG_PRODUCER_STATE: u8 = 5;
 const TAG_TIME_INDEX: u8 = 6;
+const TAG_TOPIC_CONFIG: u8 = 14;
+const TAG_LOG_START: u8 = 15;
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
     let b = s.as_bytes();
@@ -247,6 +259,25 @@ impl MetaRecord {
                     out.extend(offset.to_be_bytes());
                     out.extend(ts.to_be_bytes());
                 }
+            }
+            MetaRecord::TopicConfig {
+                name,
+                incarnation,
+                configs,
+            } => {
+                out.push(TAG_TOPIC_CONFIG);
+                put_str(&mut out, name);
+                out.extend(incarnation.to_be_bytes());
+                out.extend((configs.len() as u32).to_be_bytes());
+                for (k, v) in configs {
+                    put_str(&mut out, k);
+                    put_str(&mut out, v);
+                }
+            }
+            MetaRecord::LogStart { partition, start } => {
+                out.push(TAG_LOG_START);
+                out.extend(partition.to_be_bytes());
+                out.extend(start.to_be_bytes());
             }
         }
         out
@@ -374,6 +405,24 @@ impl MetaRecord {
                     samples,
                 })
             }
+            TAG_TOPIC_CONFIG => {
+                let name = c.str()?;
+                let incarnation = c.i32()? as u32;
+                let n = c.count(4, "configs")?;
+                let mut configs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    configs.push((c.str()?, c.str()?));
+                }
+                MetaRecord::TopicConfig {
+                    name,
+                    incarnation,
+                    configs,
+                }
+            }
+            TAG_LOG_START => MetaRecord::LogStart {
+                partition: c.i32()? as u32,
+                start: c.i64()? as u64,
+            },
             t => return Err(format!("unknown record tag {t}")),
         };
         if c.at != b.len() {
@@ -567,6 +616,23 @@ mod tests {
                 parts: 1,
                 samples: vec![],
             }),
+            MetaRecord::TopicConfig {
+                name: "t".into(),
+                incarnation: 1,
+                configs: vec![
+                    ("retention.ms".into(), "60000".into()),
+                    ("cleanup.policy".into(), "delete".into()),
+                ],
+            },
+            MetaRecord::TopicConfig {
+                name: "u".into(),
+                incarnation: 0,
+                configs: vec![],
+            },
+            MetaRecord::LogStart {
+                partition: 4,
+                start: 1234,
+            },
         ];
         for r in recs {
             let e = r.encode();

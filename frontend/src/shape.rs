@@ -1,14 +1,19 @@
 //! A walk over a request body before the codec decodes it. The codec sizes each array from the
 //! count on the wire before reading a single element, so a frame claiming two billion elements
 //! would make it allocate gigabytes (and abort the process). The walk touches every length and
-//! count of the served (non-flexible) versions without allocating, and refuses a body whose
-//! counts or lengths run past its end; after it, every count the codec sees is backed by bytes.
+//! count of the served versions without allocating (in flexible versions: compact lengths and
+//! counts, and the tagged fields closing each structure), and refuses a body whose counts or
+//! lengths run past its end; after it, every count the codec sees is backed by bytes.
 
 use kafka_protocol::messages::ApiKey;
+
+mod admin_walks;
 
 struct Walk<'a> {
     b: &'a [u8],
     at: usize,
+    /// A flexible version: compact strings, bytes and arrays, and tagged fields.
+    flex: bool,
 }
 
 type R = Result<(), String>;
@@ -48,7 +53,52 @@ impl Walk<'_> {
     fn i64(&mut self) -> R {
         self.skip(8, "int64")
     }
+    /// An unsigned varint (flexible versions' lengths, counts and tags).
+    fn uvarint(&mut self, what: &str) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..35).step_by(7) {
+            let at = self.at;
+            self.skip(1, what)?;
+            let byte = self.b[at];
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(format!(
+            "{what} at byte {}: varint longer than 5 bytes",
+            self.at
+        ))
+    }
+    /// A compact length or count: the varint is one more than it, 0 for null.
+    fn compact(&mut self, nullable: bool, what: &str) -> Result<Option<usize>, String> {
+        let at = self.at;
+        match self.uvarint(what)? {
+            0 if nullable => Ok(None),
+            0 => Err(format!("null {what} at byte {at}")),
+            n => Ok(Some((n - 1) as usize)),
+        }
+    }
+    /// The tagged fields closing a structure of a flexible version (nothing otherwise).
+    fn tags(&mut self) -> R {
+        if !self.flex {
+            return Ok(());
+        }
+        let n = self.uvarint("tagged field count")?;
+        for _ in 0..n {
+            self.uvarint("tag")?;
+            let len = self.uvarint("tagged field length")?;
+            self.skip(len as usize, "tagged field")?;
+        }
+        Ok(())
+    }
     fn string(&mut self, nullable: bool) -> R {
+        if self.flex {
+            return match self.compact(nullable, "string length")? {
+                Some(n) => self.skip(n, "string"),
+                None => Ok(()),
+            };
+        }
         let n = self.int(2, "string length")?;
         match n {
             -1 if nullable => Ok(()),
@@ -66,12 +116,26 @@ impl Walk<'_> {
     }
     fn array(&mut self, nullable: bool, mut each: impl FnMut(&mut Self) -> R) -> R {
         let at = self.at;
-        let n = self.int(4, "array count")?;
+        let n = if self.flex {
+            match self.compact(nullable, "array count")? {
+                Some(n) => n as i64,
+                None => return Ok(()),
+            }
+        } else {
+            self.int(4, "array count")?
+        };
         if n == -1 && nullable {
             return Ok(());
         }
         if n < 0 {
             return Err(format!("array count {n} at byte {at}"));
+        }
+        // Every element takes a byte at least: a count past what is left is refused at once.
+        if n as u64 > (self.b.len() - self.at) as u64 {
+            return Err(format!(
+                "array count {n} at byte {at}: {} bytes left",
+                self.b.len() - self.at
+            ));
         }
         for _ in 0..n {
             let before = self.at;
@@ -86,7 +150,11 @@ impl Walk<'_> {
 
 /// Ok when every count and length of the body (`b`, after the request header) is backed by bytes.
 pub fn check(api: ApiKey, v: i16, b: &[u8]) -> R {
-    let w = &mut Walk { b, at: 0 };
+    let w = &mut Walk {
+        b,
+        at: 0,
+        flex: api.request_header_version(v) >= 2,
+    };
     match api {
         ApiKey::Produce => {
             if v >= 3 {
@@ -241,6 +309,11 @@ pub fn check(api: ApiKey, v: i16, b: &[u8]) -> R {
             w.i32()?;
             w.array(true, |w| w.array(false, |w| w.i32()))
         }),
+        ApiKey::DescribeConfigs
+        | ApiKey::AlterConfigs
+        | ApiKey::IncrementalAlterConfigs
+        | ApiKey::DeleteRecords
+        | ApiKey::DescribeLogDirs => admin_walks::check(api, v, w),
         // Heartbeat, FindCoordinator, InitProducerId, ApiVersions: no counts in the served
         // versions; the codec's own bounds checks cover their strings.
         _ => Ok(()),
@@ -263,5 +336,29 @@ mod tests {
         ok.extend(b"abc");
         assert!(check(ApiKey::Metadata, 1, &ok).is_ok());
         assert!(check(ApiKey::Metadata, 1, &ok[..ok.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn flexible_versions_are_walked_by_compact_counts_and_tagged_fields() {
+        // DeleteRecords v2: one topic "t" with one partition, then the timeout and tags.
+        let mut ok = vec![2, 2, b't', 2];
+        ok.extend(0i32.to_be_bytes());
+        ok.extend(5i64.to_be_bytes());
+        ok.extend([0, 0]);
+        ok.extend(1000i32.to_be_bytes());
+        ok.push(0);
+        assert_eq!(check(ApiKey::DeleteRecords, 2, &ok), Ok(()));
+        assert!(check(ApiKey::DeleteRecords, 2, &ok[..ok.len() - 1]).is_err());
+        // A compact count of two billion topics with nothing behind it.
+        let huge = [0xff, 0xff, 0xff, 0xff, 0x07];
+        assert!(check(ApiKey::DeleteRecords, 2, &huge).is_err());
+        // A tagged field claiming more bytes than are left.
+        let mut tag = ok.clone();
+        *tag.last_mut().unwrap() = 1;
+        tag.extend([0, 100]);
+        assert!(check(ApiKey::DeleteRecords, 2, &tag).is_err());
+        // DescribeLogDirs v2 asking for every topic (a null array).
+        assert_eq!(check(ApiKey::DescribeLogDirs, 2, &[0, 0]), Ok(()));
+        assert!(check(ApiKey::DescribeLogDirs, 1, &[0, 0]).is_err());
     }
 }
