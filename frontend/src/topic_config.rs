@@ -122,9 +122,11 @@ pub fn validate(name: &str, value: &str, max_batch: usize) -> Result<(), Refused
             for p in value.split(',').map(str::trim) {
                 match p {
                     "delete" => {}
-                    "compact" => return Err(format!(
+                    "compact" => {
+                        return Err(format!(
                         "{name}={value:?}: nvmq does not compact topics (only delete is supported)"
-                    )),
+                    ))
+                    }
                     other => return Err(format!("{name}: unknown policy {other:?}")),
                 }
             }
