@@ -1,5 +1,5 @@
-//! ApiVersions, Metadata, CreateTopics, CreatePartitions, DeleteTopics, FindCoordinator,
-//! InitProducerId.
+//! ApiVersions, Metadata, CreateTopics (with its configs, checked as `config_api` checks
+//! them), CreatePartitions, DeleteTopics, FindCoordinator, InitProducerId.
 
 use std::sync::Arc;
 
@@ -218,6 +218,12 @@ pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest)
                 .filter(|&p| p > 0 && p <= MAX_PARTITIONS)
                 .ok_or(())
         };
+        let configs = crate::config_api::create_configs(
+            b,
+            t.configs
+                .iter()
+                .map(|c| (c.name.as_str(), c.value.as_ref().map(|v| v.as_str()))),
+        );
         let (code, msg) = if !check::create_topic(b, ctx, &n) {
             (
                 codes::TOPIC_AUTHORIZATION_FAILED,
@@ -243,13 +249,19 @@ pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest)
                 codes::TOPIC_ALREADY_EXISTS,
                 format!("topic {n:?} already exists"),
             )
+        } else if let Err(m) = &configs {
+            (crate::config_api::INVALID_CONFIG, m.clone())
         } else if req.validate_only {
             match b.create_room(&n, partitions.unwrap_or(1)) {
                 Ok(()) => (codes::NONE, String::new()),
                 Err(e) => (create_error_code(&e), e.to_string()),
             }
         } else {
-            match b.create_topic(&n, partitions.unwrap_or(1)).await {
+            let configs = configs.unwrap_or_default();
+            match b
+                .create_topic_with(&n, partitions.unwrap_or(1), configs)
+                .await
+            {
                 Ok(true) => (codes::NONE, String::new()),
                 Ok(false) => (
                     codes::TOPIC_ALREADY_EXISTS,

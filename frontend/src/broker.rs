@@ -17,8 +17,13 @@ use crate::part::{self, PartRef};
 use crate::producer_snapshots;
 use crate::producers::{self as producers_mod, Producers};
 use crate::startup;
+use crate::topic_config::TopicConfigs;
 use crate::topic_ids;
 use crate::FrontendError;
+
+mod topic_state;
+pub use topic_state::Raised;
+use topic_state::TopicState;
 
 /// How the broker presents itself and what it allows.
 #[derive(Debug, Clone)]
@@ -71,6 +76,11 @@ pub struct Config {
     pub super_users: Vec<crate::session::Principal>,
     /// SASL: the mechanisms offered (none: no authentication) and the session lifetime.
     pub sasl: crate::sasl::SaslConfig,
+    /// What each device is called (its spec) in DescribeLogDirs; "device-<i>" when missing.
+    pub log_dirs: Vec<String>,
+    /// Settings of the process around the broker (serve's flags) that DescribeConfigs lists
+    /// for the broker, read-only: (name, value, whether it is the default).
+    pub settings: Vec<(String, String, bool)>,
 }
 
 impl Default for Config {
@@ -95,6 +105,8 @@ impl Default for Config {
             authorizer: false,
             super_users: Vec::new(),
             sasl: crate::sasl::SaslConfig::default(),
+            log_dirs: Vec::new(),
+            settings: Vec::new(),
         }
     }
 }
@@ -228,6 +240,8 @@ pub struct Broker {
     acl: crate::acl::Authorizer,
     /// SCRAM credentials (`credentials.rs`).
     pub(crate) credentials: crate::credentials::Credentials,
+    /// Topic configs, raised log start offsets, batch limits (`topic_state`).
+    topic_state: Mutex<TopicState>,
     stop: Arc<AtomicBool>,
 }
 
@@ -297,7 +311,12 @@ impl Broker {
         let append_capacity = u32::try_from(permits * 3 / 4).unwrap_or(u32::MAX);
         let acl =
             crate::acl::Authorizer::new(cfg.authorizer, cfg.super_users.clone(), replayed.acls);
-        Ok(Arc::new(Broker {
+        let topic_state = TopicState {
+            configs: replayed.configs,
+            starts: replayed.starts,
+            limits: HashMap::new(),
+        };
+        let b = Arc::new(Broker {
             cfg,
             topics: Mutex::new(topics),
             create_lock: tokio::sync::Mutex::new(()),
@@ -318,8 +337,11 @@ impl Broker {
             next_producer_id: Mutex::new(replayed.next_producer_id),
             acl,
             credentials: replayed.credentials,
+            topic_state: Mutex::new(topic_state),
             stop,
-        }))
+        });
+        b.refresh_limits();
+        Ok(b)
     }
 
     /// The authorizer and its ACLs.
@@ -470,6 +492,18 @@ impl Broker {
 
     /// Creates `partitions` partitions of a new topic; Ok(false) if the topic exists already.
     pub async fn create_topic(&self, name: &str, partitions: u32) -> Result<bool, LogError> {
+        self.create_topic_with(name, partitions, TopicConfigs::default())
+            .await
+    }
+
+    /// `create_topic` with configs (validated by the caller): recorded before the topic is
+    /// served, so that no produce goes to it under the defaults.
+    pub async fn create_topic_with(
+        &self,
+        name: &str,
+        partitions: u32,
+        configs: TopicConfigs,
+    ) -> Result<bool, LogError> {
         let _one_at_a_time = self.create_lock.lock().await;
         let log_name = {
             let t = self.topics();
@@ -479,9 +513,17 @@ impl Broker {
             t.log_name(name)
         };
         let ids = self.create_partitions(&log_name, 0..partitions).await?;
+        let recorded = if configs.set.is_empty() {
+            Ok(())
+        } else {
+            self.record_configs(name, configs).await
+        };
+        // Served even if its configs failed to record: its partitions exist (the next start
+        // finds them too), at the defaults; the caller reports the failure.
         self.topics().insert(name.to_string(), ids);
+        self.refresh_limits();
         tracing::info!(topic = name, partitions, "topic created");
-        Ok(true)
+        recorded.map(|()| true)
     }
 
     /// Grows a topic to `count` partitions: Ok(Err(current count)) if it does not have fewer,
@@ -506,6 +548,7 @@ impl Broker {
         if let Some(p) = self.topics().map.get_mut(name) {
             p.extend(ids);
         }
+        self.refresh_limits();
         tracing::info!(topic = name, partitions = count, "topic grown");
         Ok(Some(Ok(())))
     }
@@ -664,6 +707,7 @@ impl Broker {
         {
             self.topics().remove(name, incarnation);
         }
+        self.forget_topic(name, &parts);
         if let Err(e) = self.delete_log_partitions(&parts).await {
             tracing::warn!(topic = name, error = %e, "could not delete the topic's log partitions; the next start deletes them");
         }
@@ -737,6 +781,9 @@ impl Broker {
             if let Some((head, samples)) = self.time_index.snapshot(p, changed_only) {
                 recs.extend(crate::time_index::records(p.id, head, samples, max));
             }
+            if !changed_only {
+                recs.extend(self.start_record(p));
+            }
             for r in recs {
                 waits.push(self.append(meta, r.encode(), 1).await?);
             }
@@ -764,6 +811,7 @@ impl Broker {
         if next > 0 {
             meta.push(MetaRecord::ProducerId { id: next - 1 });
         }
+        meta.extend(self.config_records());
         meta.extend(
             self.groups
                 .generations()
@@ -808,9 +856,12 @@ impl Broker {
     }
 
     /// (start offset, durable end) of a partition.
+    /// The start is the log's own or, if DeleteRecords or retention raised it, that.
     pub fn bounds(&self, p: PartRef) -> Option<(u64, u64)> {
         // Straight from the shared state: `Log::partition` copies the partition's whole index.
-        startup::log_bounds(self.log_of(p), p.id)
+        let (start, end) = startup::log_bounds(self.log_of(p), p.id)?;
+        let raised = self.raised_start(p).unwrap_or(0);
+        Some((start.max(raised).min(end), end))
     }
 }
 

@@ -13,7 +13,7 @@ use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Enc
 use crate::broker::Broker;
 use crate::session::Session;
 use crate::versions::{self, Support};
-use crate::{acl, admin, fetch, group_api, produce, sasl, scram_api, shape};
+use crate::{acl, admin, config_api, fetch, group_api, log_api, produce, sasl, scram_api, shape};
 
 /// What the writer does with a request once its answer is ready.
 pub enum Outcome {
@@ -262,6 +262,13 @@ pub async fn dispatch(broker: &Arc<Broker>, ctx: &Ctx, mut frame: Bytes) -> Resu
         ApiKey::AlterUserScramCredentials => {
             scram_api::alter(b, &ctx, decode(&ctx, &mut frame)?).await
         }
+        ApiKey::DescribeConfigs => config_api::describe(b, &ctx, decode(&ctx, &mut frame)?),
+        ApiKey::AlterConfigs => config_api::alter(b, &ctx, decode(&ctx, &mut frame)?).await,
+        ApiKey::IncrementalAlterConfigs => {
+            config_api::incremental_alter(b, &ctx, decode(&ctx, &mut frame)?).await
+        }
+        ApiKey::DeleteRecords => log_api::delete_records(b, &ctx, decode(&ctx, &mut frame)?).await,
+        ApiKey::DescribeLogDirs => log_api::describe_log_dirs(b, &ctx, decode(&ctx, &mut frame)?),
         other => return Err(Refusal::UnknownApi(other as i16)),
     };
     Ok(reply)

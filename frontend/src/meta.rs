@@ -1,7 +1,7 @@
 //! nvmq's own records in its internal partitions: topic tombstones, producer ids, group
-//! generations, idempotent producers' state, time indexes and SCRAM credentials in
-//! `__nvmq_meta`, committed offsets
-//! in `__consumer_offsets`. Replayed on start.
+//! generations, idempotent producers' state, time indexes, SCRAM credentials, ACL bindings,
+//! topic configs and log start offsets in `__nvmq_meta`, committed offsets in
+//! `__consumer_offsets`. Replayed on start.
 
 use crate::sasl::{ScramCredential, ScramMechanism};
 
@@ -124,6 +124,16 @@ pub enum MetaRecord {
         user: String,
         mechanism: ScramMechanism,
     },
+    /// Every config set on a topic (those not named are at their defaults), for the topic's
+    /// incarnation (its deletions so far): a later incarnation starts from defaults.
+    TopicConfig {
+        name: String,
+        incarnation: u32,
+        configs: Vec<(String, String)>,
+    },
+    /// Data partition `partition` (of the device whose `__nvmq_meta` holds it) serves nothing
+    /// below `start` (DeleteRecords, retention): its log start offset.
+    LogStart { partition: u32, start: u64 },
 }
 
 impl Commit {
@@ -182,6 +192,8 @@ const TAG_ACL_ADDED: u8 = 12;
 const TAG_ACL_REMOVED: u8 = 13;
 const TAG_CREDENTIAL: u8 = 10;
 const TAG_CREDENTIAL_REMOVED: u8 = 11;
+const TAG_TOPIC_CONFIG: u8 = 14;
+const TAG_LOG_START: u8 = 15;
 
 pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     let b = s.as_bytes();
@@ -302,6 +314,25 @@ impl MetaRecord {
                 out.push(TAG_CREDENTIAL_REMOVED);
                 put_str(&mut out, user);
                 out.push(mechanism.code() as u8);
+            }
+            MetaRecord::TopicConfig {
+                name,
+                incarnation,
+                configs,
+            } => {
+                out.push(TAG_TOPIC_CONFIG);
+                put_str(&mut out, name);
+                out.extend(incarnation.to_be_bytes());
+                out.extend((configs.len() as u32).to_be_bytes());
+                for (k, v) in configs {
+                    put_str(&mut out, k);
+                    put_str(&mut out, v);
+                }
+            }
+            MetaRecord::LogStart { partition, start } => {
+                out.push(TAG_LOG_START);
+                out.extend(partition.to_be_bytes());
+                out.extend(start.to_be_bytes());
             }
         }
         out
@@ -444,6 +475,24 @@ impl MetaRecord {
             TAG_CREDENTIAL_REMOVED => MetaRecord::CredentialRemoved {
                 user: c.str()?,
                 mechanism: c.mechanism()?,
+            },
+            TAG_TOPIC_CONFIG => {
+                let name = c.str()?;
+                let incarnation = c.i32()? as u32;
+                let n = c.count(4, "configs")?;
+                let mut configs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    configs.push((c.str()?, c.str()?));
+                }
+                MetaRecord::TopicConfig {
+                    name,
+                    incarnation,
+                    configs,
+                }
+            }
+            TAG_LOG_START => MetaRecord::LogStart {
+                partition: c.i32()? as u32,
+                start: c.i64()? as u64,
             },
             t => return Err(format!("unknown record tag {t}")),
         };
@@ -660,6 +709,23 @@ mod tests {
             MetaRecord::CredentialRemoved {
                 user: "bob".into(),
                 mechanism: ScramMechanism::Sha256,
+            },
+            MetaRecord::TopicConfig {
+                name: "t".into(),
+                incarnation: 1,
+                configs: vec![
+                    ("retention.ms".into(), "60000".into()),
+                    ("cleanup.policy".into(), "delete".into()),
+                ],
+            },
+            MetaRecord::TopicConfig {
+                name: "u".into(),
+                incarnation: 0,
+                configs: vec![],
+            },
+            MetaRecord::LogStart {
+                partition: 4,
+                start: 1234,
             },
         ];
         let acl = crate::acl::Binding::from_wire(crate::acl::Wire {

@@ -268,7 +268,7 @@ async fn start_partition(
         waits.extend(batches.iter().map(|_| Wait::Ceiling));
         return None;
     }
-    if let Some(refused) = oversized(&batches, b.log_of(pid).max_payload()) {
+    if let Some(refused) = oversized(&batches, b.batch_limit(pid)) {
         return Some(refused);
     }
     for (info, bytes) in batches {

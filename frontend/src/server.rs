@@ -1,5 +1,5 @@
 //! The broker's background tasks (group timers, producer-id expiry, snapshots, generation
-//! records).
+//! records, retention).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +12,10 @@ use crate::producer_snapshots::PRODUCER_SNAPSHOT_BYTES;
 
 /// Ticks (of 200 ms) between sweeps of expired producer ids.
 const EXPIRE_EVERY_TICKS: u64 = 50;
+/// How often topics' retention.ms and retention.bytes are applied (Kafka's
+/// log.retention.check.interval.ms is 5 minutes; a pass here reads only what the time index has
+/// not covered yet, so it can run more often and keep expired records from being served long).
+const RETENTION_EVERY: Duration = Duration::from_secs(10);
 
 /// Starts the broker's background tasks on the current runtime: group timers, producer-id
 /// expiry, the periodic snapshots of the internal state, and the recorder of group generations.
@@ -28,6 +32,20 @@ pub fn spawn_background(broker: &Arc<Broker>) {
                 let rec = MetaRecord::Generation { group, generation };
                 if let Err(e) = b.append_meta(b.meta_partition, &rec).await {
                     tracing::warn!(error = %e, "recording a group generation failed");
+                }
+            }
+        });
+    }
+    {
+        let b = broker.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(RETENTION_EVERY);
+            loop {
+                every.tick().await;
+                match b.enforce_retention(crate::producers::now_ms()).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(partitions = n, "retention moved log start offsets"),
+                    Err(e) => tracing::warn!(error = %e, "applying retention failed"),
                 }
             }
         });

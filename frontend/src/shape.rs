@@ -7,6 +7,8 @@
 
 use kafka_protocol::messages::ApiKey;
 
+mod admin_walks;
+
 struct Walk<'a> {
     b: &'a [u8],
     at: usize,
@@ -413,6 +415,11 @@ fn walk(api: ApiKey, v: i16, w: &mut Walk<'_>) -> R {
                 w.structs(false, acl)
             }
         }
+        ApiKey::DescribeConfigs
+        | ApiKey::AlterConfigs
+        | ApiKey::IncrementalAlterConfigs
+        | ApiKey::DeleteRecords
+        | ApiKey::DescribeLogDirs => admin_walks::walk(api, v, w),
         ApiKey::SaslHandshake => w.string(false),
         ApiKey::SaslAuthenticate => w.bytes(false),
         ApiKey::DescribeUserScramCredentials => w.structs(true, |w| w.string(false)),

@@ -353,6 +353,67 @@ fn sample(api: ApiKey, v: i16) -> Option<Vec<u8>> {
             r.unknown_tagged_fields = extra;
             r.encode(&mut b, v)
         }
+        ApiKey::DescribeConfigs => {
+            let mut res = describe_configs_request::DescribeConfigsResource::default();
+            res.resource_type = 2;
+            res.resource_name = st("t");
+            res.configuration_keys = Some(vec![st("retention.ms"), st("cleanup.policy")]);
+            let mut r = DescribeConfigsRequest::default();
+            r.resources = vec![res.clone(), res];
+            r.include_synonyms = true;
+            r.include_documentation = v >= 3;
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
+        ApiKey::AlterConfigs => {
+            let mut c = alter_configs_request::AlterableConfig::default();
+            c.name = st("retention.ms");
+            c.value = Some(st("60000"));
+            let mut res = alter_configs_request::AlterConfigsResource::default();
+            res.resource_type = 2;
+            res.resource_name = st("t");
+            res.configs = vec![c.clone(), c];
+            let mut r = AlterConfigsRequest::default();
+            r.resources = vec![res];
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
+        ApiKey::IncrementalAlterConfigs => {
+            let mut c = incremental_alter_configs_request::AlterableConfig::default();
+            c.name = st("retention.ms");
+            c.config_operation = 0;
+            c.value = None;
+            let mut res = incremental_alter_configs_request::AlterConfigsResource::default();
+            res.resource_type = 2;
+            res.resource_name = st("t");
+            res.configs = vec![c.clone(), c];
+            let mut r = IncrementalAlterConfigsRequest::default();
+            r.resources = vec![res];
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
+        ApiKey::DeleteRecords => {
+            let mut p = delete_records_request::DeleteRecordsPartition::default();
+            p.partition_index = 1;
+            p.offset = 5;
+            let mut t = delete_records_request::DeleteRecordsTopic::default();
+            t.name = tn("t");
+            t.partitions = vec![p.clone(), p];
+            let mut r = DeleteRecordsRequest::default();
+            r.topics = vec![t];
+            r.timeout_ms = 1000;
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
+        ApiKey::DescribeLogDirs => {
+            let mut t = describe_log_dirs_request::DescribableLogDirTopic::default();
+            t.topic = tn("t");
+            t.partitions = vec![0, 1];
+            let mut r = DescribeLogDirsRequest::default();
+            r.topics = Some(vec![t]);
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
         other => panic!("{other:?} is served but has no sample here: add one"),
     };
     r.unwrap_or_else(|e| panic!("{api:?} v{v}: the sample does not encode: {e}"));

@@ -26,6 +26,7 @@ use crate::producer_snapshots::Assembler;
 use crate::producers::{self as producers_mod, Producers};
 use crate::snapshot_parts::Parts;
 use crate::time_index::TimeIndex;
+use crate::topic_config::TopicConfigs;
 use crate::FrontendError;
 
 /// What start-up found.
@@ -39,6 +40,10 @@ pub(crate) struct Replayed {
     pub time_index: TimeIndex,
     pub acls: crate::acl::Acls,
     pub credentials: Credentials,
+    /// Configs set on the live topics.
+    pub configs: HashMap<String, TopicConfigs>,
+    /// Log start offsets raised past the log's own (DeleteRecords, retention).
+    pub starts: HashMap<PartRef, u64>,
 }
 
 /// Time index snapshot parts of one device's partitions.
@@ -94,12 +99,29 @@ pub(crate) fn replay(
     let mut snapshots: Vec<Assembler> = logs.iter().map(|_| Assembler::default()).collect();
     let mut times: Vec<TimeParts> = logs.iter().map(|_| TimeParts::default()).collect();
     let credentials = Credentials::default();
+    let mut configs: HashMap<String, (u32, Vec<(String, String)>)> = HashMap::new();
+    let mut starts: HashMap<PartRef, u64> = HashMap::new();
     for (dev, (log, &meta)) in logs.iter().zip(&internal.metas).enumerate() {
         let asm = &mut snapshots[dev];
         let t = &mut times[dev];
+        let dev16 = u16::try_from(dev).unwrap_or(u16::MAX);
         scan_meta(log, meta, META_TOPIC, |rec| match rec {
             MetaRecord::ProducerState(part) => asm.add(part),
             MetaRecord::TimeIndex(i) => t.add(i.partition, i.head, i.part, i.parts, i.samples),
+            MetaRecord::LogStart { partition, start } => {
+                let e = starts.entry(PartRef::new(dev16, partition)).or_default();
+                *e = (*e).max(start);
+            }
+            // The newest record of the newest incarnation is the topic's whole set.
+            MetaRecord::TopicConfig {
+                name,
+                incarnation: k,
+                configs: set,
+            } if dev == 0 => {
+                if configs.get(&name).is_none_or(|(had, _)| *had <= k) {
+                    configs.insert(name, (k, set));
+                }
+            }
             MetaRecord::DeleteTopic {
                 name,
                 incarnation: k,
@@ -138,7 +160,11 @@ pub(crate) fn replay(
     let topics = discover_topics(logs, &incarnation);
     let startup = rebuild_producers(logs, &topics, snapshots, producers)?;
     let time_index = restore_time_indexes(logs, &topics, times);
+    let configs = live_configs(configs, &topics, &incarnation);
+    let starts = live_starts(logs, starts, &topics);
     Ok(Replayed {
+        configs,
+        starts,
         incarnation,
         next_producer_id: next_pid,
         generations,
@@ -149,6 +175,45 @@ pub(crate) fn replay(
         acls,
         credentials,
     })
+}
+
+/// The configs recorded for the live incarnation of a live topic (those of a deleted one go with
+/// it: a topic created again under its name starts from defaults).
+fn live_configs(
+    recorded: HashMap<String, (u32, Vec<(String, String)>)>,
+    topics: &BTreeMap<String, Vec<PartRef>>,
+    incarnation: &HashMap<String, u32>,
+) -> HashMap<String, TopicConfigs> {
+    recorded
+        .into_iter()
+        .filter(|(name, (k, _))| {
+            topics.contains_key(name) && incarnation.get(name).copied().unwrap_or(0) == *k
+        })
+        .map(|(name, (_, set))| {
+            let set = set.into_iter().collect();
+            (name, TopicConfigs { set })
+        })
+        .collect()
+}
+
+/// The recorded start offsets of live partitions that are still past the log's own (the ring
+/// overwriting a partition's oldest records moves the log's start on by itself).
+fn live_starts(
+    logs: &[Arc<Log>],
+    recorded: HashMap<PartRef, u64>,
+    topics: &BTreeMap<String, Vec<PartRef>>,
+) -> HashMap<PartRef, u64> {
+    let live: std::collections::HashSet<PartRef> = topics.values().flatten().copied().collect();
+    recorded
+        .into_iter()
+        .filter(|(p, start)| {
+            live.contains(p)
+                && logs
+                    .get(p.device())
+                    .and_then(|l| log_bounds(l, p.id))
+                    .is_some_and(|(s, _)| s < *start)
+        })
+        .collect()
 }
 
 /// Each data partition's newest recorded time index that fits what its log holds now (see

@@ -9,6 +9,7 @@
 //! a transactional error and v6 share groups, Fetch v18 a follower's high watermark.
 //! Fetch v13+ name topics by id: `topic_ids` derives each topic's id from its durable
 //! incarnation, so ids are stable across restarts and new for a re-created topic.
+//! The config, DeleteRecords and DescribeLogDirs APIs serve their flexible versions too.
 
 use kafka_protocol::messages::ApiKey;
 
@@ -55,6 +56,11 @@ pub const TABLE: &[ApiRange] = &[
     api(ApiKey::SaslAuthenticate, 0, 2),
     api(ApiKey::DescribeUserScramCredentials, 0, 0),
     api(ApiKey::AlterUserScramCredentials, 0, 0),
+    api(ApiKey::DeleteRecords, 0, 2),
+    api(ApiKey::DescribeConfigs, 1, 4),
+    api(ApiKey::AlterConfigs, 0, 2),
+    api(ApiKey::DescribeLogDirs, 1, 4),
+    api(ApiKey::IncrementalAlterConfigs, 0, 1),
 ];
 
 /// How a request's (key, version) stands against the table.
@@ -117,7 +123,13 @@ mod tests {
         assert_eq!(support(1000, 0), Support::UnknownApi);
         assert_eq!(
             support(ApiKey::DescribeConfigs as i16, 0),
-            Support::UnknownApi
+            Support::Unsupported
         );
+        assert_eq!(support(ApiKey::DescribeConfigs as i16, 4), Support::Served);
+        assert_eq!(
+            support(ApiKey::DescribeAcls as i16, 0),
+            Support::Unsupported
+        );
+        assert_eq!(support(ApiKey::ElectLeaders as i16, 0), Support::UnknownApi);
     }
 }

@@ -483,3 +483,77 @@ async fn off_by_default_everything_is_allowed() {
     let r = call(&b, &bob, 8, &metadata(None)).await;
     assert_eq!(topic_codes(&r), vec![("a".into(), NONE)]);
 }
+
+/// The config, DeleteRecords and DescribeLogDirs APIs: DescribeConfigs / AlterConfigs on the
+/// topic (or the cluster, for the broker's), Delete on the topic, Describe on the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configs_delete_records_and_log_dirs_are_checked() {
+    let b = common::broker(authorizing());
+    b.create_topic("a", 1).await.unwrap();
+    grant(&b, read_write("a", "User:alice")).await;
+    let alice = session("alice");
+    let admin = session("admin");
+    let resource = |rt: i8, name: &str| {
+        let mut r = describe_configs_request::DescribeConfigsResource::default();
+        r.resource_type = rt;
+        r.resource_name = s(name);
+        r
+    };
+    let mut describe = DescribeConfigsRequest::default();
+    describe.resources = vec![resource(2, "a"), resource(4, "0")];
+    let r = call(&b, &alice, 4, &describe).await;
+    let codes: Vec<i16> = r.results.iter().map(|x| x.error_code).collect();
+    assert_eq!(
+        codes,
+        vec![TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED]
+    );
+    assert!(r.results.iter().all(|x| x.configs.is_empty()));
+    let r = call(&b, &admin, 4, &describe).await;
+    assert!(r.results.iter().all(|x| x.error_code == NONE), "{r:?}");
+
+    let mut alter = IncrementalAlterConfigsRequest::default();
+    let mut res = incremental_alter_configs_request::AlterConfigsResource::default();
+    res.resource_type = 2;
+    res.resource_name = s("a");
+    let mut c = incremental_alter_configs_request::AlterableConfig::default();
+    c.name = s("retention.ms");
+    c.value = Some(s("60000"));
+    res.configs = vec![c];
+    alter.resources = vec![res];
+    let r = call(&b, &alice, 1, &alter).await;
+    assert_eq!(r.responses[0].error_code, TOPIC_AUTHORIZATION_FAILED);
+    assert!(b.topic_configs("a").set.is_empty(), "a denied alter took");
+    // AlterConfigs implies DescribeConfigs: granted, alice may do both.
+    grant(
+        &b,
+        vec![binding(TOPIC, "a", LITERAL, "User:alice", 11, "allow")],
+    )
+    .await;
+    let r = call(&b, &alice, 1, &alter).await;
+    assert_eq!(r.responses[0].error_code, NONE);
+    let r = call(&b, &alice, 4, &describe).await;
+    assert_eq!(r.results[0].error_code, NONE);
+
+    let mut p = delete_records_request::DeleteRecordsPartition::default();
+    p.offset = -1;
+    let mut t = delete_records_request::DeleteRecordsTopic::default();
+    t.name = TopicName(s("a"));
+    t.partitions = vec![p];
+    let mut del = DeleteRecordsRequest::default();
+    del.topics = vec![t];
+    let r = call(&b, &alice, 2, &del).await;
+    assert_eq!(
+        r.topics[0].partitions[0].error_code,
+        TOPIC_AUTHORIZATION_FAILED
+    );
+    let r = call(&b, &admin, 2, &del).await;
+    assert_eq!(r.topics[0].partitions[0].error_code, NONE);
+
+    let r = call(&b, &alice, 4, &DescribeLogDirsRequest::default()).await;
+    assert_eq!(
+        (r.error_code, r.results.len()),
+        (CLUSTER_AUTHORIZATION_FAILED, 0)
+    );
+    let r = call(&b, &admin, 4, &DescribeLogDirsRequest::default()).await;
+    assert_eq!((r.error_code, r.results.len()), (NONE, 1));
+}

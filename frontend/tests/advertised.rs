@@ -388,6 +388,61 @@ async fn check(addr: SocketAddr, key: i16, v: i16) -> Result<(), String> {
         ApiKey::AlterUserScramCredentials => {
             answered(addr, v, &AlterUserScramCredentialsRequest::default()).await
         }
+        ApiKey::DescribeConfigs => {
+            let mut res = describe_configs_request::DescribeConfigsResource::default();
+            res.resource_type = 2;
+            res.resource_name = s(TOPIC);
+            res.configuration_keys = None;
+            let mut r = DescribeConfigsRequest::default();
+            r.resources = vec![res];
+            r.include_synonyms = true;
+            r.include_documentation = v >= 3;
+            answered(addr, v, &r).await
+        }
+        ApiKey::AlterConfigs => {
+            let mut c = alter_configs_request::AlterableConfig::default();
+            c.name = s("retention.ms");
+            c.value = Some(s("-1"));
+            let mut res = alter_configs_request::AlterConfigsResource::default();
+            res.resource_type = 2;
+            res.resource_name = s(TOPIC);
+            res.configs = vec![c];
+            let mut r = AlterConfigsRequest::default();
+            r.resources = vec![res];
+            r.validate_only = true;
+            answered(addr, v, &r).await
+        }
+        ApiKey::IncrementalAlterConfigs => {
+            let mut c = incremental_alter_configs_request::AlterableConfig::default();
+            c.name = s("retention.ms");
+            c.config_operation = 0;
+            c.value = Some(s("-1"));
+            let mut res = incremental_alter_configs_request::AlterConfigsResource::default();
+            res.resource_type = 2;
+            res.resource_name = s(TOPIC);
+            res.configs = vec![c];
+            let mut r = IncrementalAlterConfigsRequest::default();
+            r.resources = vec![res];
+            r.validate_only = true;
+            answered(addr, v, &r).await
+        }
+        ApiKey::DeleteRecords => {
+            let mut p = delete_records_request::DeleteRecordsPartition::default();
+            p.partition_index = 0;
+            p.offset = 0;
+            let mut t = delete_records_request::DeleteRecordsTopic::default();
+            t.name = topic(TOPIC);
+            t.partitions = vec![p];
+            let mut r = DeleteRecordsRequest::default();
+            r.topics = vec![t];
+            r.timeout_ms = 5000;
+            answered(addr, v, &r).await
+        }
+        ApiKey::DescribeLogDirs => {
+            let mut r = DescribeLogDirsRequest::default();
+            r.topics = None;
+            answered(addr, v, &r).await
+        }
         other => Err(format!(
             "{other:?} is advertised but this test has no request for it: add one"
         )),

@@ -289,6 +289,26 @@ impl Log {
             })
     }
 
+    /// Bytes of a durable partition's retained records at or past `from` (a batch holding `from`
+    /// counts whole).
+    pub fn partition_bytes(&self, id: u32, from: u64) -> Option<u64> {
+        self.shared
+            .lock()
+            .partitions
+            .get(&id)
+            .map(|v| v.bytes_from(from))
+    }
+
+    /// Where a partition's records would start if its oldest batches went while at least `keep`
+    /// bytes from `from` on remain (`PartitionView::start_keeping`); None when none may go.
+    pub fn start_keeping(&self, id: u32, from: u64, keep: u64) -> Option<u64> {
+        self.shared
+            .lock()
+            .partitions
+            .get(&id)?
+            .start_keeping(from, keep)
+    }
+
     /// Every durable partition: (id, topic, index, start offset, durable end).
     pub fn partitions(&self) -> Vec<(u32, String, u32, u64, u64)> {
         let s = self.shared.lock();

@@ -19,6 +19,9 @@ pub struct IndexEntry {
     /// The epoch the batch was written in: a valid batch of another epoch at that position is
     /// a stale one that a misdirected write failed to replace (storage.md §4.2).
     pub epoch: u64,
+    /// Bytes the partition's records take in the batch (`format::record_size` of each): what
+    /// per-partition sizes (retention.bytes, DescribeLogDirs) add up.
+    pub bytes: u32,
 }
 
 /// A partition as readers see it.
@@ -42,6 +45,30 @@ impl PartitionView {
             .get(i)
             .copied()
             .filter(|e| e.first_offset <= offset && offset < e.end_offset)
+    }
+
+    /// Bytes of the retained records at or past `from` (a batch holding `from` counts whole).
+    pub fn bytes_from(&self, from: u64) -> u64 {
+        let i = self.entries.partition_point(|e| e.end_offset <= from);
+        self.entries.range(i..).map(|e| u64::from(e.bytes)).sum()
+    }
+
+    /// Where the records from `from` on would start if their oldest batches went while at least
+    /// `keep` bytes remain (Kafka's retention.bytes deletes whole segments while what remains
+    /// is still at least the limit; here a log batch is the unit). None when none may go.
+    pub fn start_keeping(&self, from: u64, keep: u64) -> Option<u64> {
+        let i = self.entries.partition_point(|e| e.end_offset <= from);
+        let mut total = self.bytes_from(from);
+        let mut start = None;
+        for e in self.entries.range(i..) {
+            let b = u64::from(e.bytes);
+            if total.saturating_sub(b) < keep || total < b {
+                break;
+            }
+            total -= b;
+            start = Some(e.end_offset);
+        }
+        start
     }
 }
 
@@ -263,6 +290,7 @@ mod tests {
                 batch_position: i as u64 * 4096,
                 batch_length: 4096,
                 epoch: 1,
+                bytes: 100,
             });
         }
         assert_eq!(v.locate(0).unwrap().batch_position, 0);
@@ -271,5 +299,16 @@ mod tests {
         assert!(v.locate(5).is_none());
         assert_eq!(v.locate(11).unwrap().batch_position, 8192);
         assert!(v.locate(12).is_none());
+        // 100 bytes a batch: sizes from an offset, and where to start to keep at least so many.
+        assert_eq!(v.bytes_from(0), 300);
+        assert_eq!(v.bytes_from(3), 200);
+        assert_eq!(v.bytes_from(12), 0);
+        assert_eq!(v.start_keeping(0, 300), None);
+        assert_eq!(v.start_keeping(0, 250), None);
+        assert_eq!(v.start_keeping(0, 200), Some(3));
+        assert_eq!(v.start_keeping(0, 150), Some(3));
+        assert_eq!(v.start_keeping(0, 100), Some(4));
+        assert_eq!(v.start_keeping(0, 0), Some(12));
+        assert_eq!(v.start_keeping(3, 100), Some(4));
     }
 }

@@ -520,7 +520,7 @@ fn replay(
         reg.insert(id, topic, idx);
     }
     for r in recs.iter().filter(|r| r.header.kind == RecordKind::Data) {
-        add_entry(index, h, r.header.partition, r.header.offset, r.header.span);
+        add_entry(index, h, r);
     }
     for (id, n) in next {
         if let Some(p) = reg.get_mut(id) {
@@ -536,23 +536,24 @@ fn replay(
     Ok(())
 }
 
-fn add_entry(
-    index: &mut HashMap<u32, VecDeque<IndexEntry>>,
-    h: &BatchHeader,
-    id: u32,
-    offset: u64,
-    span: u32,
-) {
-    let end = offset + u64::from(span);
-    let entries = index.entry(id).or_default();
+fn add_entry(index: &mut HashMap<u32, VecDeque<IndexEntry>>, h: &BatchHeader, rec: &RecordRef<'_>) {
+    let r = &rec.header;
+    // What the record takes in the batch: a partition's share of the ring.
+    let bytes = nvmq_log::format::record_size(rec.payload.len()) as u32;
+    let end = r.offset + u64::from(r.span);
+    let entries = index.entry(r.partition).or_default();
     match entries.back_mut() {
-        Some(e) if e.batch_position == h.position => e.end_offset = end,
+        Some(e) if e.batch_position == h.position => {
+            e.end_offset = end;
+            e.bytes = e.bytes.saturating_add(bytes);
+        }
         _ => entries.push_back(IndexEntry {
-            first_offset: offset,
+            first_offset: r.offset,
             end_offset: end,
             batch_position: h.position,
             batch_length: h.length,
             epoch: h.epoch,
+            bytes,
         }),
     }
 }
@@ -621,13 +622,7 @@ pub fn scan_below<S: LogSource + ?Sized>(
     };
     let scanned = scan_source(src, geo, from, Some(to), rules, |h, recs| {
         for r in recs.iter().filter(|r| r.header.kind == RecordKind::Data) {
-            add_entry(
-                &mut index,
-                h,
-                r.header.partition,
-                r.header.offset,
-                r.header.span,
-            );
+            add_entry(&mut index, h, r);
         }
         retained.push_back(retained_of(h));
         Ok(())

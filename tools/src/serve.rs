@@ -154,6 +154,22 @@ fn parse_principal(s: &str) -> Result<frontend::session::Principal, String> {
         .ok_or_else(|| format!("{s:?} is not a principal of the form Type:name (User:admin)"))
 }
 
+/// The serve settings DescribeConfigs lists for the broker besides those with a Kafka name
+/// (read-only): (name, value, whether it is the default).
+fn described_settings(args: &ServeArgs) -> Vec<(String, String, bool)> {
+    let flag = |n: &str, v: String, default: &str| (format!("nvmq.{n}"), v.clone(), v == default);
+    vec![
+        flag("device", args.device.join(" "), DEFAULT_DEVICE),
+        flag("flush", args.flush.clone(), "always"),
+        flag("loops", args.loops.to_string(), "0"),
+        flag(
+            "max-uncompressed-batch",
+            args.max_uncompressed_batch.to_string(),
+            &(16usize << 20).to_string(),
+        ),
+    ]
+}
+
 /// Serves until SIGINT/SIGTERM (a clean stop, [`Status::Ok`]) or until a device's writer stops
 /// after an I/O error ([`Status::WriterStopped`]: the caller exits with it so that a supervisor
 /// restarts the broker and recovery runs).
@@ -300,6 +316,8 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         authorizer: args.authorizer,
         super_users: args.super_users.clone(),
         sasl,
+        log_dirs: args.device.clone(),
+        settings: described_settings(&args),
         ..frontend::Config::default()
     };
     let opened = std::time::Instant::now();

@@ -228,6 +228,18 @@ fn confluent_kafka_and_kafka_python_produce_and_consume() {
     scenario(&s.addr, "compressed", &[]);
 }
 
+/// confluent-kafka's AdminClient on topic configs (create with configs, describe, alter,
+/// incremental alter, a refused compact), broker configs, delete_records; kafka-python's
+/// describe_log_dirs (confluent-kafka has none).
+#[test]
+fn admin_clients_manage_configs_delete_records_and_describe_log_dirs() {
+    let _turn = one_at_a_time();
+    let s = Server::start("sim:capacity=256M,flush=500us");
+    let out = scenario(&s.addr, "admin_configs", &[]);
+    assert!(out.contains("refused: INVALID_CONFIG"), "{out}");
+    scenario(&s.addr, "kp_log_dirs", &[]);
+}
+
 /// The compression codec (batch attributes' low bits) of the first batch stored in partition 0.
 fn stored_codec(addr: &str, topic: &str) -> i16 {
     use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};

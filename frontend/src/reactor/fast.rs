@@ -281,7 +281,7 @@ fn start_partition(
         pa.base = 0;
         return None;
     }
-    if let Some(refused) = crate::produce::oversized(&batches, b.log_of(pid).max_payload()) {
+    if let Some(refused) = crate::produce::oversized(&batches, b.batch_limit(pid)) {
         return Some(refused);
     }
     for (i, (info, payload)) in batches.into_iter().enumerate() {

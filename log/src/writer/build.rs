@@ -107,8 +107,12 @@ impl<D: BlockDevice> Writer<D> {
                     st.next_offset = end;
                     let position = b.push_span(RecordKind::Data, partition, offset, span, &payload);
                     c.payload_bytes += payload.len() as u64;
+                    let bytes = crate::format::record_size(payload.len()) as u32;
                     match entry_of.get(&partition).and_then(|&i| c.index.get_mut(i)) {
-                        Some((_, e)) => e.end_offset = end,
+                        Some((_, e)) => {
+                            e.end_offset = end;
+                            e.bytes = e.bytes.saturating_add(bytes);
+                        }
                         None => {
                             entry_of.insert(partition, c.index.len());
                             c.index.push((
@@ -119,6 +123,7 @@ impl<D: BlockDevice> Writer<D> {
                                     batch_position: self.tail,
                                     batch_length: 0,
                                     epoch: self.epoch,
+                                    bytes,
                                 },
                             ));
                         }

@@ -6,6 +6,7 @@ Usage: scenarios.py <bootstrap> <scenario> [args...]
 import json
 import sys
 import time
+import warnings
 
 BOOT = sys.argv[1]
 WHAT = sys.argv[2]
@@ -489,6 +490,112 @@ def scram_admin():
           flush=True)
 
 
+def admin_configs():
+    """confluent-kafka's AdminClient: describe, alter and incrementally alter a topic's configs,
+    create a topic with configs, delete records, describe log dirs when this client has it, and
+    a refused cleanup.policy=compact showing INVALID_CONFIG."""
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry,
+                                       ConfigResource, NewTopic)
+
+    a = AdminClient({"bootstrap.servers": BOOT})
+    topic = "admin-cfg"
+    for f in a.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1,
+                                       config={"retention.ms": "3600000"})]).values():
+        f.result(10)
+
+    def described():
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        return {k: v for k, v in a.describe_configs([res])[res].result(10).items()}
+
+    d = described()
+    if d["retention.ms"].value != "3600000" or d["retention.ms"].is_default:
+        fail(f"retention.ms after create: {d['retention.ms']}")
+    if d["cleanup.policy"].value != "delete" or not d["cleanup.policy"].is_default:
+        fail(f"cleanup.policy default: {d['cleanup.policy']}")
+    print("ok: create_topics with a config, describe_configs shows it")
+
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("retention.bytes", "1048576",
+                    incremental_operation=AlterConfigOpType.SET)])
+    a.incremental_alter_configs([res])[res].result(10)
+    d = described()
+    if d["retention.bytes"].value != "1048576" or d["retention.ms"].value != "3600000":
+        fail(f"after incremental_alter_configs: {d['retention.bytes']}, {d['retention.ms']}")
+    print("ok: incremental_alter_configs sets one config, keeps the others")
+
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic, set_config={"max.message.bytes": "100000"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # what older tools still call
+        a.alter_configs([res])[res].result(10)
+    d = described()
+    if d["max.message.bytes"].value != "100000" or not d["retention.ms"].is_default:
+        fail(f"after alter_configs: {d['max.message.bytes']}, {d['retention.ms']}")
+    print("ok: alter_configs replaces the set")
+
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)])
+    try:
+        a.incremental_alter_configs([res])[res].result(10)
+        fail("cleanup.policy=compact was accepted")
+    except KafkaException as e:
+        err = e.args[0]
+        if err.name() != "INVALID_CONFIG" or "compact" not in err.str():
+            fail(f"compact refused with {err.name()}: {err.str()}")
+        print(f"ok: cleanup.policy=compact refused: {err.name()}: {err.str()}")
+    for f in a.create_topics([NewTopic("admin-compacted", num_partitions=1, replication_factor=1,
+                                       config={"cleanup.policy": "compact"})]).values():
+        try:
+            f.result(10)
+            fail("a compacted topic was created")
+        except KafkaException as e:
+            if e.args[0].name() != "INVALID_CONFIG":
+                fail(f"create with compact: {e.args[0].name()}")
+    print("ok: create_topics with cleanup.policy=compact refused with INVALID_CONFIG")
+
+    b = ConfigResource(ConfigResource.Type.BROKER, "0")
+    bd = a.describe_configs([b])[b].result(10)
+    if not bd or not all(v.is_read_only for v in bd.values()):
+        fail("broker configs missing or not read-only")
+    print(f"ok: {len(bd)} broker configs, all read-only")
+
+    got = ck_produce(topic, 10, 1)
+    if sorted(o for (_, o) in got.values()) != list(range(10)):
+        fail("offsets are not 0..10")
+    if not hasattr(a, "delete_records"):
+        fail("this confluent-kafka has no delete_records")
+    fs = a.delete_records([TopicPartition(topic, 0, 6)])
+    low = list(fs.values())[0].result(10)
+    if low.low_watermark != 6:
+        fail(f"delete_records low watermark {low.low_watermark}")
+    from confluent_kafka import Consumer
+    c = Consumer({"bootstrap.servers": BOOT, "group.id": "wm"})
+    lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    c.close()
+    if (lo, hi) != (6, 10):
+        fail(f"watermarks after delete_records: {(lo, hi)}")
+    print("ok: delete_records moved the low watermark to 6 (list offsets earliest says so)")
+    if hasattr(a, "describe_log_dirs"):
+        print("note: describe_log_dirs exists in this client")
+    else:
+        print("note: confluent-kafka has no describe_log_dirs; kafka-python checks it")
+
+
+def kp_log_dirs():
+    """kafka-python's admin client: describe_log_dirs lists each device and the partitions."""
+    from kafka.admin import KafkaAdminClient
+
+    a = KafkaAdminClient(bootstrap_servers=BOOT)
+    r = a.describe_log_dirs()
+    text = repr(r)
+    sizes = [p["partition_size"] for b in r for d in b["log_dirs"] for t in d["topics"]
+             if t["name"] == "admin-cfg" for p in t["partitions"]]
+    if len(sizes) != 1 or sizes[0] <= 0:
+        fail(f"describe_log_dirs: admin-cfg partition sizes {sizes}: {text[:400]}")
+    print(f"ok: describe_log_dirs: {text[:300]}")
+    a.close()
+
+
 {
     "acl_admin": acl_admin,
     "acl_setup": acl_setup,
@@ -507,4 +614,6 @@ def scram_admin():
     "read_values": read_values,
     "tls": tls,
     "tls_untrusted": tls_untrusted,
+    "admin_configs": admin_configs,
+    "kp_log_dirs": kp_log_dirs,
 }[WHAT]()
