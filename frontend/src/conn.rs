@@ -13,7 +13,7 @@ use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Enc
 use crate::broker::Broker;
 use crate::session::Session;
 use crate::versions::{self, Support};
-use crate::{admin, fetch, group_api, produce, shape};
+use crate::{admin, epoch, fetch, group_admin_api, group_api, produce, shape};
 
 /// What the writer does with a request once its answer is ready.
 pub enum Outcome {
@@ -224,6 +224,20 @@ pub async fn dispatch(broker: &Arc<Broker>, ctx: &Ctx, mut frame: Bytes) -> Resu
         ApiKey::LeaveGroup => group_api::leave(b, &ctx, decode(&ctx, &mut frame)?),
         ApiKey::OffsetCommit => group_api::offset_commit(b, &ctx, decode(&ctx, &mut frame)?).await,
         ApiKey::OffsetFetch => group_api::offset_fetch(b, &ctx, decode(&ctx, &mut frame)?),
+        ApiKey::ListGroups => group_admin_api::list_groups(b, &ctx, decode(&ctx, &mut frame)?),
+        ApiKey::DescribeGroups => {
+            group_admin_api::describe_groups(b, &ctx, decode(&ctx, &mut frame)?)
+        }
+        ApiKey::DeleteGroups => {
+            group_admin_api::delete_groups(b, &ctx, decode(&ctx, &mut frame)?).await
+        }
+        ApiKey::OffsetDelete => {
+            group_admin_api::offset_delete(b, &ctx, decode(&ctx, &mut frame)?).await
+        }
+        ApiKey::DescribeCluster => admin::describe_cluster(b, &ctx, decode(&ctx, &mut frame)?),
+        ApiKey::OffsetForLeaderEpoch => {
+            epoch::offset_for_leader_epoch(b, &ctx, decode(&ctx, &mut frame)?)
+        }
         other => return Err(Refusal::UnknownApi(other as i16)),
     };
     Ok(reply)

@@ -124,7 +124,10 @@ fn read_once(
                 pd.log_start_offset = start as i64;
             }
             let offset = p.fetch_offset;
-            if offset < start as i64 || offset > end as i64 {
+            if let Some(code) = crate::epoch::check_current(p.current_leader_epoch) {
+                pd.error_code = code;
+                failed = true;
+            } else if offset < start as i64 || offset > end as i64 {
                 pd.error_code = codes::OFFSET_OUT_OF_RANGE;
                 failed = true;
             } else if (offset as u64) < end && (budget > 0 || total == 0) {
@@ -191,14 +194,18 @@ pub fn list_offsets(b: &Arc<Broker>, ctx: &Ctx, req: ListOffsetsRequest) -> Repl
                 pr.timestamp = -1;
                 pr.offset = -1;
                 let pid = b.topics().partition(t.name.as_str(), p.partition_index);
-                match pid.and_then(|id| b.bounds(id).map(|bd| (id, bd))) {
-                    None => pr.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION,
-                    Some((_, (start, end))) if p.timestamp == -2 => {
-                        let _ = end;
+                let bounds = pid.and_then(|id| b.bounds(id).map(|bd| (id, bd)));
+                if bounds.is_some() && ctx.version >= 4 {
+                    pr.leader_epoch = crate::epoch::LEADER_EPOCH;
+                }
+                match (bounds, crate::epoch::check_current(p.current_leader_epoch)) {
+                    (None, _) => pr.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION,
+                    (Some(_), Some(code)) => pr.error_code = code,
+                    (Some((_, (start, _))), None) if p.timestamp == -2 => {
                         pr.offset = start as i64;
                     }
-                    Some((_, (_, end))) if p.timestamp == -1 => pr.offset = end as i64,
-                    Some((id, (start, end))) => {
+                    (Some((_, (_, end))), None) if p.timestamp == -1 => pr.offset = end as i64,
+                    (Some((id, (start, end))), None) => {
                         match by_time(&b, id, start, end, p.timestamp).await {
                             Ok(Some((offset, ts))) => {
                                 pr.offset = offset;

@@ -101,6 +101,14 @@ pub enum MetaRecord {
     ProducerState(ProducerStatePart),
     /// Part of a snapshot of a data partition's time index (ListOffsets by timestamp).
     TimeIndex(TimeIndexPart),
+    /// The group is deleted (DeleteGroups, or expired empty): its offsets committed before this
+    /// record are gone. In `__consumer_offsets`, ordered with the commits it cancels.
+    GroupDeleted { group: String },
+    /// These committed offsets of the group are deleted (OffsetDelete).
+    OffsetsDeleted {
+        group: String,
+        partitions: Vec<(String, i32)>,
+    },
 }
 
 impl Commit {
@@ -155,6 +163,8 @@ const TAG_GENERATION: u8 = 3;
 const TAG_COMMITS: u8 = 4;
 const TAG_PRODUCER_STATE: u8 = 5;
 const TAG_TIME_INDEX: u8 = 6;
+const TAG_GROUP_DELETED: u8 = 16;
+const TAG_OFFSETS_DELETED: u8 = 17;
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
     let b = s.as_bytes();
@@ -246,6 +256,19 @@ impl MetaRecord {
                 for (offset, ts) in &t.samples {
                     out.extend(offset.to_be_bytes());
                     out.extend(ts.to_be_bytes());
+                }
+            }
+            MetaRecord::GroupDeleted { group } => {
+                out.push(TAG_GROUP_DELETED);
+                put_str(&mut out, group);
+            }
+            MetaRecord::OffsetsDeleted { group, partitions } => {
+                out.push(TAG_OFFSETS_DELETED);
+                put_str(&mut out, group);
+                out.extend((partitions.len() as u32).to_be_bytes());
+                for (topic, partition) in partitions {
+                    put_str(&mut out, topic);
+                    out.extend(partition.to_be_bytes());
                 }
             }
         }
@@ -373,6 +396,16 @@ impl MetaRecord {
                     parts,
                     samples,
                 })
+            }
+            TAG_GROUP_DELETED => MetaRecord::GroupDeleted { group: c.str()? },
+            TAG_OFFSETS_DELETED => {
+                let group = c.str()?;
+                let n = c.count(6, "partitions")?;
+                let mut partitions = Vec::with_capacity(n);
+                for _ in 0..n {
+                    partitions.push((c.str()?, c.i32()?));
+                }
+                MetaRecord::OffsetsDeleted { group, partitions }
             }
             t => return Err(format!("unknown record tag {t}")),
         };
@@ -567,6 +600,11 @@ mod tests {
                 parts: 1,
                 samples: vec![],
             }),
+            MetaRecord::GroupDeleted { group: "g".into() },
+            MetaRecord::OffsetsDeleted {
+                group: "g".into(),
+                partitions: vec![("a".into(), 1), ("b".into(), 0)],
+            },
         ];
         for r in recs {
             let e = r.encode();

@@ -105,7 +105,9 @@ pub(crate) fn replay(
                 let e = generations.entry(group).or_insert(generation);
                 *e = (*e).max(generation);
             }
-            MetaRecord::Commits { .. } => {}
+            MetaRecord::Commits { .. }
+            | MetaRecord::GroupDeleted { .. }
+            | MetaRecord::OffsetsDeleted { .. } => {}
             other => tracing::warn!(device = dev, ?other, "unexpected record in {META_TOPIC}"),
         })?;
     }
@@ -113,6 +115,8 @@ pub(crate) fn replay(
     if let Some(log) = logs.first() {
         scan_meta(log, internal.offsets, OFFSETS_TOPIC, |rec| match rec {
             MetaRecord::Commits { group, commits } => offsets.apply(&group, &commits),
+            MetaRecord::GroupDeleted { group } => offsets.remove_group(&group),
+            MetaRecord::OffsetsDeleted { group, partitions } => offsets.remove(&group, &partitions),
             other => tracing::warn!(?other, "unexpected record in {OFFSETS_TOPIC}"),
         })?;
     }

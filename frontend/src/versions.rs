@@ -2,7 +2,9 @@
 //! Every version in it is served (tests/advertised.rs sends each one a request).
 //!
 //! Maxima stay on non-flexible versions (except ApiVersions, whose v3 every modern client sends
-//! first), so the clients we are tested with (librdkafka 2.0.2 under Debian's kcat, librdkafka 2.x
+//! first, and the group and cluster APIs operators' tools call: ListGroups v3–4 (v4's state
+//! filter), DescribeGroups v5, DeleteGroups v2, OffsetForLeaderEpoch v4, and DescribeCluster,
+//! flexible from v0; `shape` walks their compact encoding), so the clients we are tested with (librdkafka 2.0.2 under Debian's kcat, librdkafka 2.x
 //! in confluent-kafka, kafka-python) all negotiate down to versions we decode.
 
 use kafka_protocol::messages::ApiKey;
@@ -41,6 +43,12 @@ pub const TABLE: &[ApiRange] = &[
     api(ApiKey::DeleteTopics, 1, 3),
     api(ApiKey::CreatePartitions, 0, 1),
     api(ApiKey::InitProducerId, 0, 1),
+    api(ApiKey::OffsetForLeaderEpoch, 2, 4),
+    api(ApiKey::DescribeGroups, 0, 5),
+    api(ApiKey::ListGroups, 0, 4),
+    api(ApiKey::DeleteGroups, 0, 2),
+    api(ApiKey::OffsetDelete, 0, 0),
+    api(ApiKey::DescribeCluster, 0, 1),
 ];
 
 /// How a request's (key, version) stands against the table.
