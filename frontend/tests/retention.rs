@@ -4,51 +4,25 @@
 
 mod common;
 
-use std::time::Duration;
-
-use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice};
-use bytes::Bytes;
-use frontend::client::{record_batch, Client};
+use frontend::client::Client;
 use frontend::meta::OFFSETS_TOPIC;
-use frontend::{Broker, Config};
+use frontend::Config;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    DeleteTopicsRequest, MetadataRequest, OffsetCommitRequest, ProduceRequest, TopicName,
+    DeleteTopicsRequest, MetadataRequest, OffsetCommitRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
-use nvmq_log::{FormatOptions, Log, LogConfig};
 
 fn name(n: &str) -> TopicName {
     TopicName(StrBytes::from_string(n.to_string()))
 }
 
-fn open(dev: SimDevice) -> std::sync::Arc<Broker> {
-    let lc = LogConfig::default();
-    let (w, _) = recovery::open(dev, lc.clone()).expect("open");
-    Broker::open(
-        Log::start(w, lc.queue_capacity),
-        lc.queue_capacity,
-        Config::default(),
-    )
-    .expect("broker")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_survives_the_ring_wrapping_over_it_and_a_power_cut() {
-    let mut c = SimConfig::new(3, 12 << 20);
-    c.flush_latency = Latency::Fixed(Duration::from_micros(100));
-    c.clock = SimClock::real();
-    let (mut dev, handle) = SimDevice::new(c);
-    let fmt = FormatOptions {
-        window: 1 << 20,
-        max_batch: 256 << 10,
-        ..FormatOptions::default()
-    };
-    nvmq_log::mkfs::format(&mut dev, &fmt).expect("format");
+    let (dev, handle) = common::small_ring(3);
     let server = common::server_on(dev, Config::default());
     let addr = server.local_addr();
     let b = server.broker().clone();
@@ -86,29 +60,8 @@ async fn state_survives_the_ring_wrapping_over_it_and_a_power_cut() {
     let r = cl.call(2, &oc).await.unwrap();
     assert_eq!(r.topics[0].partitions[0].error_code, 0);
 
-    // About four laps of the ring, slowly enough for the snapshot ticker to keep up.
-    let value = vec![7u8; 100 << 10];
-    for _ in 0..400 {
-        let mut pd = PartitionProduceData::default();
-        pd.records = Some(Bytes::from(record_batch(&[&value], None)));
-        let mut td = TopicProduceData::default();
-        td.name = name("data");
-        td.partition_data = vec![pd];
-        let mut pr = ProduceRequest::default();
-        pr.acks = -1;
-        pr.timeout_ms = 10_000;
-        pr.topic_data = vec![td];
-        let r = cl.call(7, &pr).await.unwrap();
-        assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let offsets_start = b
-        .log()
-        .partitions()
-        .into_iter()
-        .find(|p| p.1 == OFFSETS_TOPIC)
-        .map(|p| p.3)
-        .unwrap();
+    common::lap_the_ring(&mut cl, "data").await;
+    let offsets_start = common::internal_start(&b, OFFSETS_TOPIC);
     assert!(
         offsets_start > 0,
         "the ring never freed the first commit: the test proves nothing"
@@ -116,7 +69,7 @@ async fn state_survives_the_ring_wrapping_over_it_and_a_power_cut() {
 
     handle.power_cut();
     server.kill();
-    let b2 = open(handle.power_on());
+    let b2 = common::reopen(handle.power_on());
     let got = b2
         .offsets()
         .get("g", "data", 0)

@@ -131,3 +131,55 @@ pub async fn create_topic(c: &mut frontend::client::Client, t: &str) {
     let r = c.call(8, &m).await.expect("metadata");
     assert_eq!(r.topics[0].error_code, 0, "creating {t}");
 }
+
+/// Opens a broker over `dev` again (after a power cut) on its own writer thread.
+pub fn reopen(dev: SimDevice) -> Arc<Broker> {
+    let lc = LogConfig::default();
+    let (w, _) = recovery::open(dev, lc.clone()).expect("open");
+    Broker::open(
+        Log::start(w, lc.queue_capacity),
+        lc.queue_capacity,
+        Config::default(),
+    )
+    .expect("broker")
+}
+
+/// A 12 MiB device whose ring a test laps quickly (`lap_the_ring`).
+pub fn small_ring(seed: u64) -> (SimDevice, SimHandle) {
+    let mut c = SimConfig::new(seed, 12 << 20);
+    c.flush_latency = Latency::Fixed(Duration::from_micros(100));
+    c.clock = SimClock::real();
+    let (mut dev, handle) = SimDevice::new(c);
+    let fmt = FormatOptions {
+        window: 1 << 20,
+        max_batch: 256 << 10,
+        ..FormatOptions::default()
+    };
+    nvmq_log::mkfs::format(&mut dev, &fmt).expect("format");
+    (dev, handle)
+}
+
+/// About four laps of a `small_ring` into partition 0 of `topic`, slowly enough for the
+/// snapshot ticker to keep up.
+pub async fn lap_the_ring(c: &mut frontend::client::Client, topic: &str) {
+    let value = vec![7u8; 100 << 10];
+    for _ in 0..400 {
+        let batch = frontend::client::record_batch(&[&value], None);
+        let r = c
+            .call(7, &produce_request(topic, 0, batch, -1))
+            .await
+            .expect("produce");
+        assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The first retained offset of an internal partition (device 0).
+pub fn internal_start(b: &Broker, topic: &str) -> u64 {
+    b.log()
+        .partitions()
+        .into_iter()
+        .find(|p| p.1 == topic)
+        .map(|p| p.3)
+        .expect("internal partition")
+}
