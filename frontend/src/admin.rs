@@ -1,5 +1,5 @@
-//! ApiVersions, Metadata, CreateTopics (with its configs, checked as `config_api` checks
-//! them), CreatePartitions, DeleteTopics, FindCoordinator, InitProducerId.
+//! ApiVersions, Metadata, DescribeCluster, CreateTopics (with its configs, checked as
+//! `config_api` checks them), CreatePartitions, DeleteTopics, FindCoordinator, InitProducerId.
 
 use std::sync::Arc;
 
@@ -7,6 +7,7 @@ use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
@@ -14,8 +15,9 @@ use kafka_protocol::messages::metadata_response::{
 use kafka_protocol::messages::{
     ApiVersionsResponse, BrokerId, CreatePartitionsRequest, CreatePartitionsResponse,
     CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
-    FindCoordinatorRequest, FindCoordinatorResponse, InitProducerIdRequest, InitProducerIdResponse,
-    MetadataRequest, MetadataResponse, TopicName,
+    DescribeClusterRequest, DescribeClusterResponse, FindCoordinatorRequest,
+    FindCoordinatorResponse, InitProducerIdRequest, InitProducerIdResponse, MetadataRequest,
+    MetadataResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use nvmq_log::LogError;
@@ -30,6 +32,15 @@ use crate::versions::TABLE;
 /// The node id nvmq answers as (a single broker).
 pub const NODE_ID: i32 = 0;
 const CLUSTER_ID: &str = "nvmq";
+/// Transactions are refused where a client starts them (FindCoordinator for a transaction,
+/// InitProducerId with a transactional id) with an error no client retries, so that
+/// `init_transactions()` fails at once instead of waiting out its timeout.
+const NO_TRANSACTIONS: &str =
+    "nvmq does not support transactions: unset transactional.id (idempotence works without it)";
+/// DescribeCluster's cluster_authorized_operations when the client did not ask for them.
+const OPERATIONS_NOT_REQUESTED: i32 = i32::MIN;
+/// DescribeCluster's endpoint types: brokers (1); controllers (2) are not served apart.
+const ENDPOINT_BROKERS: i8 = 1;
 /// Partitions one CreateTopics may ask for per topic: each is created durably (a flush apiece).
 const MAX_PARTITIONS: u32 = 1000;
 
@@ -169,6 +180,7 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
                 let mut p = MetadataResponsePartition::default();
                 p.partition_index = i as i32;
                 p.leader_id = BrokerId(NODE_ID);
+                p.leader_epoch = crate::epoch::LEADER_EPOCH;
                 p.replica_nodes = vec![BrokerId(NODE_ID)];
                 p.isr_nodes = vec![BrokerId(NODE_ID)];
                 t.partitions.push(p);
@@ -193,6 +205,31 @@ const fn ops(codes: &[u8]) -> i32 {
         i += 1;
     }
     bits
+}
+
+/// This broker, the cluster (the id Metadata gives), and the controller: this node. Authorized
+/// operations are reported as not requested (-2147483648) even when asked: nvmq has no ACLs
+/// to report from, and "every operation" would be a claim it cannot back.
+pub fn describe_cluster(b: &Arc<Broker>, ctx: &Ctx, req: DescribeClusterRequest) -> Reply {
+    let mut resp = DescribeClusterResponse::default();
+    resp.endpoint_type = ENDPOINT_BROKERS;
+    if ctx.version >= 1 && req.endpoint_type != ENDPOINT_BROKERS {
+        resp.error_code = codes::UNSUPPORTED_ENDPOINT_TYPE;
+        resp.error_message = Some(StrBytes::from_string(format!(
+            "endpoint type {}: nvmq serves brokers (1) only",
+            req.endpoint_type
+        )));
+        return ctx.ready(&resp);
+    }
+    resp.cluster_id = StrBytes::from_static_str(CLUSTER_ID);
+    resp.controller_id = BrokerId(NODE_ID);
+    let mut broker = DescribeClusterBroker::default();
+    broker.broker_id = BrokerId(NODE_ID);
+    broker.host = StrBytes::from_string(b.cfg.advertise_host.clone());
+    broker.port = b.cfg.advertise_port;
+    resp.brokers = vec![broker];
+    resp.cluster_authorized_operations = OPERATIONS_NOT_REQUESTED;
+    ctx.ready(&resp)
 }
 
 /// The Kafka error for a create the log refused: a full registry is the broker's policy (a
@@ -457,9 +494,10 @@ fn coordinator(
         );
     }
     if key_type != 0 {
-        let why = Some(StrBytes::from_static_str("transactions are not supported"));
+        // A transaction coordinator (key type 1): refused for good, not "not available yet".
+        let why = Some(StrBytes::from_static_str(NO_TRANSACTIONS));
         return (
-            codes::COORDINATOR_NOT_AVAILABLE,
+            codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
             why,
             BrokerId(-1),
             StrBytes::default(),
@@ -486,7 +524,10 @@ pub fn init_producer_id(b: &Arc<Broker>, ctx: &Ctx, req: InitProducerIdRequest) 
         // v3+ may name the producer (id and epoch, both or neither) to bump its epoch. As in
         // Kafka, a producer without a transactional id gets a new id instead.
         let named = (req.producer_id.0 != -1, req.producer_epoch != -1);
-        if req.transactional_id.as_ref().is_some_and(|t| !t.is_empty()) || named.0 != named.1 {
+        if req.transactional_id.as_ref().is_some_and(|t| !t.is_empty()) {
+            tracing::debug!("{NO_TRANSACTIONS}");
+            resp.error_code = codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+        } else if named.0 != named.1 {
             resp.error_code = codes::INVALID_REQUEST;
         } else if !check::cluster(&b, &ctx, Operation::IdempotentWrite) {
             resp.error_code = codes::CLUSTER_AUTHORIZATION_FAILED;

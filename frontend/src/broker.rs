@@ -62,6 +62,9 @@ pub struct Config {
     /// An idempotent producer not seen for this long is forgotten (Kafka's
     /// producer.id.expiration.ms); a later batch of it is taken as from a new producer.
     pub producer_id_expiration: Duration,
+    /// A group with no members that commits nothing for this long is deleted with its offsets
+    /// (Kafka's offsets.retention.minutes).
+    pub offsets_retention: Duration,
     /// Benchmark ceiling: Produce is decoded and its batches checked as always, then answered at
     /// once without touching the log (nothing is stored). What the request/response path alone
     /// allows on this machine; never for real use.
@@ -100,6 +103,7 @@ impl Default for Config {
             max_connections_per_ip: 4_096,
             write_timeout: Duration::from_secs(60),
             producer_id_expiration: crate::producers::DEFAULT_EXPIRATION,
+            offsets_retention: Duration::from_secs(7 * 24 * 3600),
             ceiling: false,
             max_uncompressed_batch: crate::records::DEFAULT_MAX_UNCOMPRESSED,
             authorizer: false,

@@ -13,7 +13,10 @@ use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Enc
 use crate::broker::Broker;
 use crate::session::Session;
 use crate::versions::{self, Support};
-use crate::{acl, admin, config_api, fetch, group_api, log_api, produce, sasl, scram_api, shape};
+use crate::{
+    acl, admin, config_api, epoch, fetch, group_admin_api, group_api, log_api, produce, sasl,
+    scram_api, shape,
+};
 
 /// What the writer does with a request once its answer is ready.
 pub enum Outcome {
@@ -269,6 +272,20 @@ pub async fn dispatch(broker: &Arc<Broker>, ctx: &Ctx, mut frame: Bytes) -> Resu
         }
         ApiKey::DeleteRecords => log_api::delete_records(b, &ctx, decode(&ctx, &mut frame)?).await,
         ApiKey::DescribeLogDirs => log_api::describe_log_dirs(b, &ctx, decode(&ctx, &mut frame)?),
+        ApiKey::ListGroups => group_admin_api::list_groups(b, &ctx, decode(&ctx, &mut frame)?),
+        ApiKey::DescribeGroups => {
+            group_admin_api::describe_groups(b, &ctx, decode(&ctx, &mut frame)?)
+        }
+        ApiKey::DeleteGroups => {
+            group_admin_api::delete_groups(b, &ctx, decode(&ctx, &mut frame)?).await
+        }
+        ApiKey::OffsetDelete => {
+            group_admin_api::offset_delete(b, &ctx, decode(&ctx, &mut frame)?).await
+        }
+        ApiKey::DescribeCluster => admin::describe_cluster(b, &ctx, decode(&ctx, &mut frame)?),
+        ApiKey::OffsetForLeaderEpoch => {
+            epoch::offset_for_leader_epoch(b, &ctx, decode(&ctx, &mut frame)?)
+        }
         other => return Err(Refusal::UnknownApi(other as i16)),
     };
     Ok(reply)

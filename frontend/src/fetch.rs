@@ -181,7 +181,10 @@ fn read_once(
                 pd.log_start_offset = start as i64;
             }
             let offset = p.fetch_offset;
-            if offset < start as i64 || offset > end as i64 {
+            if let Some(code) = crate::epoch::check_current(p.current_leader_epoch) {
+                pd.error_code = code;
+                failed = true;
+            } else if offset < start as i64 || offset > end as i64 {
                 pd.error_code = codes::OFFSET_OUT_OF_RANGE;
                 failed = true;
             } else if (offset as u64) < end && (budget > 0 || total == 0) {
@@ -252,18 +255,23 @@ pub fn list_offsets(b: &Arc<Broker>, ctx: &Ctx, req: ListOffsetsRequest) -> Repl
                 pr.timestamp = -1;
                 pr.offset = -1;
                 let pid = b.topics().partition(t.name.as_str(), p.partition_index);
-                match pid.and_then(|id| b.bounds(id).map(|bd| (id, bd))) {
+                let bounds = pid.and_then(|id| b.bounds(id).map(|bd| (id, bd)));
+                if bounds.is_some() && allowed && ctx.version >= 4 {
+                    pr.leader_epoch = crate::epoch::LEADER_EPOCH;
+                }
+                match (bounds, crate::epoch::check_current(p.current_leader_epoch)) {
                     _ if !allowed => pr.error_code = codes::TOPIC_AUTHORIZATION_FAILED,
-                    None => pr.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION,
+                    (None, _) => pr.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION,
+                    (Some(_), Some(code)) => pr.error_code = code,
                     // Earliest (-2), and earliest local (-4, v8+): everything is local here.
-                    Some((_, (start, _))) if matches!(p.timestamp, -2 | -4) => {
+                    (Some((_, (start, _))), None) if matches!(p.timestamp, -2 | -4) => {
                         pr.offset = start as i64;
                     }
-                    Some((_, (_, end))) if p.timestamp == -1 => pr.offset = end as i64,
+                    (Some((_, (_, end))), None) if p.timestamp == -1 => pr.offset = end as i64,
                     // Latest tiered (-5, v9+): nothing is tiered, so -1, as Kafka answers
                     // for a topic without remote storage.
-                    Some(_) if p.timestamp == -5 => {}
-                    Some((id, (start, end))) => {
+                    (Some(_), None) if p.timestamp == -5 => {}
+                    (Some((id, (start, end))), None) => {
                         match by_time(&b, id, start, end, p.timestamp).await {
                             Ok(Some((offset, ts))) => {
                                 pr.offset = offset;

@@ -1,5 +1,5 @@
 //! The group APIs on the wire: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,
-//! OffsetFetch.
+//! OffsetFetch (static members' `group.instance.id` in each from the version that has it).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,6 +43,21 @@ fn may(b: &Broker, ctx: &Ctx, op: Operation, group: &str) -> bool {
     acl::check::group(b, ctx, op, group)
 }
 
+/// A static member's `group.instance.id`, if the request carries one.
+fn instance(id: &Option<StrBytes>) -> Option<String> {
+    id.as_ref()
+        .map(|i| i.as_str().to_string())
+        .filter(|i| !i.is_empty())
+}
+
+/// The client's address as Kafka's DescribeGroups shows it ("/127.0.0.1").
+fn client_host(ctx: &Ctx) -> String {
+    ctx.session
+        .peer
+        .map(|p| format!("/{}", p.ip()))
+        .unwrap_or_default()
+}
+
 pub fn join(b: &Arc<Broker>, ctx: &Ctx, req: JoinGroupRequest) -> Reply {
     if !may(b, ctx, Operation::Read, req.group_id.as_str()) {
         let mut resp = JoinGroupResponse::default();
@@ -55,7 +70,9 @@ pub fn join(b: &Arc<Broker>, ctx: &Ctx, req: JoinGroupRequest) -> Reply {
     let jr = JoinRequest {
         group: req.group_id.as_str().to_string(),
         member_id: req.member_id.as_str().to_string(),
+        instance_id: instance(&req.group_instance_id),
         client_id: ctx.client_id.clone(),
+        client_host: client_host(ctx),
         session_timeout_ms: req.session_timeout_ms,
         rebalance_timeout_ms: if ctx.version >= 1 {
             req.rebalance_timeout_ms
@@ -122,6 +139,7 @@ pub fn sync(b: &Arc<Broker>, ctx: &Ctx, req: SyncGroupRequest) -> Reply {
         req.group_id.as_str(),
         req.generation_id,
         req.member_id.as_str(),
+        instance(&req.group_instance_id).as_deref(),
         assignments,
     );
     let ctx = ctx.clone();
@@ -165,6 +183,7 @@ pub fn heartbeat(b: &Arc<Broker>, ctx: &Ctx, req: HeartbeatRequest) -> Reply {
         req.group_id.as_str(),
         req.generation_id,
         req.member_id.as_str(),
+        instance(&req.group_instance_id).as_deref(),
     );
     ctx.ready(&resp)
 }
@@ -175,13 +194,19 @@ pub fn leave(b: &Arc<Broker>, ctx: &Ctx, req: LeaveGroupRequest) -> Reply {
         resp.error_code = codes::GROUP_AUTHORIZATION_FAILED;
         return ctx.ready(&resp);
     }
-    let ids: Vec<String> = if ctx.version >= 3 {
+    // v3+: a batch, each by member id or by static instance id.
+    let ids: Vec<(String, Option<String>)> = if ctx.version >= 3 {
         req.members
             .iter()
-            .map(|m| m.member_id.as_str().to_string())
+            .map(|m| {
+                (
+                    m.member_id.as_str().to_string(),
+                    instance(&m.group_instance_id),
+                )
+            })
             .collect()
     } else {
-        vec![req.member_id.as_str().to_string()]
+        vec![(req.member_id.as_str().to_string(), None)]
     };
     let errors = b.groups.leave(req.group_id.as_str(), &ids);
     tracing::debug!(group = req.group_id.as_str(), ?ids, ?errors, "leave group");
@@ -190,9 +215,10 @@ pub fn leave(b: &Arc<Broker>, ctx: &Ctx, req: LeaveGroupRequest) -> Reply {
         resp.members = ids
             .iter()
             .zip(&errors)
-            .map(|(id, &e)| {
+            .map(|((id, inst), &e)| {
                 let mut m = MemberResponse::default();
                 m.member_id = s(id);
+                m.group_instance_id = inst.as_deref().map(s);
                 m.error_code = e;
                 m
             })
@@ -210,6 +236,7 @@ pub async fn offset_commit(b: &Arc<Broker>, ctx: &Ctx, req: OffsetCommitRequest)
         &group,
         req.generation_id_or_member_epoch,
         req.member_id.as_str(),
+        instance(&req.group_instance_id).as_deref(),
     );
     tracing::debug!(
         group = %group,

@@ -134,6 +134,14 @@ pub enum MetaRecord {
     /// Data partition `partition` (of the device whose `__nvmq_meta` holds it) serves nothing
     /// below `start` (DeleteRecords, retention): its log start offset.
     LogStart { partition: u32, start: u64 },
+    /// The group is deleted (DeleteGroups, or expired empty): its offsets committed before this
+    /// record are gone. In `__consumer_offsets`, ordered with the commits it cancels.
+    GroupDeleted { group: String },
+    /// These committed offsets of the group are deleted (OffsetDelete).
+    OffsetsDeleted {
+        group: String,
+        partitions: Vec<(String, i32)>,
+    },
 }
 
 impl Commit {
@@ -194,6 +202,8 @@ const TAG_CREDENTIAL: u8 = 10;
 const TAG_CREDENTIAL_REMOVED: u8 = 11;
 const TAG_TOPIC_CONFIG: u8 = 14;
 const TAG_LOG_START: u8 = 15;
+const TAG_GROUP_DELETED: u8 = 16;
+const TAG_OFFSETS_DELETED: u8 = 17;
 
 pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     let b = s.as_bytes();
@@ -333,6 +343,19 @@ impl MetaRecord {
                 out.push(TAG_LOG_START);
                 out.extend(partition.to_be_bytes());
                 out.extend(start.to_be_bytes());
+            }
+            MetaRecord::GroupDeleted { group } => {
+                out.push(TAG_GROUP_DELETED);
+                put_str(&mut out, group);
+            }
+            MetaRecord::OffsetsDeleted { group, partitions } => {
+                out.push(TAG_OFFSETS_DELETED);
+                put_str(&mut out, group);
+                out.extend((partitions.len() as u32).to_be_bytes());
+                for (topic, partition) in partitions {
+                    put_str(&mut out, topic);
+                    out.extend(partition.to_be_bytes());
+                }
             }
         }
         out
@@ -494,6 +517,16 @@ impl MetaRecord {
                 partition: c.i32()? as u32,
                 start: c.i64()? as u64,
             },
+            TAG_GROUP_DELETED => MetaRecord::GroupDeleted { group: c.str()? },
+            TAG_OFFSETS_DELETED => {
+                let group = c.str()?;
+                let n = c.count(6, "partitions")?;
+                let mut partitions = Vec::with_capacity(n);
+                for _ in 0..n {
+                    partitions.push((c.str()?, c.i32()?));
+                }
+                MetaRecord::OffsetsDeleted { group, partitions }
+            }
             t => return Err(format!("unknown record tag {t}")),
         };
         if c.at != b.len() {
@@ -726,6 +759,11 @@ mod tests {
             MetaRecord::LogStart {
                 partition: 4,
                 start: 1234,
+            },
+            MetaRecord::GroupDeleted { group: "g".into() },
+            MetaRecord::OffsetsDeleted {
+                group: "g".into(),
+                partitions: vec![("a".into(), 1), ("b".into(), 0)],
             },
         ];
         let acl = crate::acl::Binding::from_wire(crate::acl::Wire {

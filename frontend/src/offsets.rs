@@ -1,7 +1,9 @@
-//! Committed offsets: applied in log order once durable, replayed from `__consumer_offsets`.
+//! Committed offsets: applied in log order once durable, replayed from `__consumer_offsets`
+//! (commits, and the deletions of DeleteGroups, OffsetDelete and group expiry).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Instant;
 
 use crate::broker::lock;
 use crate::meta::Commit;
@@ -20,10 +22,14 @@ type GroupOffsets = HashMap<(String, i32), Committed>;
 #[derive(Debug, Default)]
 pub struct Offsets {
     map: Mutex<HashMap<String, GroupOffsets>>,
+    /// When each group last committed (in this process: a replayed commit counts as made at
+    /// start, since the records carry no time), for the expiry of empty groups.
+    last_commit: Mutex<HashMap<String, Instant>>,
 }
 
 impl Offsets {
     pub fn apply(&self, group: &str, commits: &[Commit]) {
+        lock(&self.last_commit).insert(group.to_string(), Instant::now());
         let mut m = lock(&self.map);
         let g = m.entry(group.to_string()).or_default();
         for c in commits {
@@ -36,6 +42,38 @@ impl Offsets {
                 },
             );
         }
+    }
+
+    /// Forgets every offset of a group (its `GroupDeleted` record is durable).
+    pub fn remove_group(&self, group: &str) {
+        lock(&self.map).remove(group);
+        lock(&self.last_commit).remove(group);
+    }
+
+    /// Forgets some offsets of a group (its `OffsetsDeleted` record is durable); a group left
+    /// with none is gone from `groups`.
+    pub fn remove(&self, group: &str, partitions: &[(String, i32)]) {
+        let mut m = lock(&self.map);
+        if let Some(g) = m.get_mut(group) {
+            for k in partitions {
+                g.remove(k);
+            }
+            if g.is_empty() {
+                m.remove(group);
+            }
+        }
+    }
+
+    pub fn has_group(&self, group: &str) -> bool {
+        lock(&self.map).contains_key(group)
+    }
+
+    /// When the group last committed, if it has offsets.
+    pub fn last_commit(&self, group: &str) -> Option<Instant> {
+        if !self.has_group(group) {
+            return None;
+        }
+        lock(&self.last_commit).get(group).copied()
     }
 
     pub fn get(&self, group: &str, topic: &str, partition: i32) -> Option<Committed> {

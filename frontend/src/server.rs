@@ -1,5 +1,5 @@
-//! The broker's background tasks (group timers, producer-id expiry, snapshots, generation
-//! records, retention).
+//! The broker's background tasks (group timers, producer-id and empty-group expiry, snapshots,
+//! generation records, retention).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use crate::broker::Broker;
 use crate::meta::MetaRecord;
 use crate::producer_snapshots::PRODUCER_SNAPSHOT_BYTES;
 
-/// Ticks (of 200 ms) between sweeps of expired producer ids.
+/// Ticks (of 200 ms) between sweeps of expired producer ids and empty groups.
 const EXPIRE_EVERY_TICKS: u64 = 50;
 /// How often topics' retention.ms and retention.bytes are applied (Kafka's
 /// log.retention.check.interval.ms is 5 minutes; a pass here reads only what the time index has
@@ -71,6 +71,9 @@ pub fn spawn_background(broker: &Arc<Broker>) {
                     let n = b.producers().expire(crate::producers::now_ms());
                     if n > 0 {
                         tracing::info!(producers = n, "idle producer ids expired");
+                    }
+                    if let Err(e) = b.expire_groups(std::time::Instant::now()).await {
+                        tracing::warn!(error = %e, "deleting expired groups failed");
                     }
                 }
                 for (dev, &quarter_ring) in quarter.iter().enumerate() {

@@ -436,6 +436,47 @@ fn walk(api: ApiKey, v: i16, w: &mut Walk<'_>) -> R {
                 w.bytes(false)
             })
         }
+        ApiKey::ListGroups => {
+            if v >= 4 {
+                w.array(false, |w| w.string(false))?;
+            }
+            Ok(())
+        }
+        ApiKey::DescribeGroups => {
+            w.array(false, |w| w.string(false))?;
+            if v >= 3 {
+                w.i8()?;
+            }
+            Ok(())
+        }
+        ApiKey::DeleteGroups => w.array(false, |w| w.string(false)),
+        ApiKey::OffsetDelete => {
+            w.string(false)?;
+            w.structs(false, |w| {
+                w.string(false)?;
+                w.structs(false, |w| w.i32())
+            })
+        }
+        ApiKey::DescribeCluster => {
+            w.i8()?;
+            if v >= 1 {
+                w.i8()?;
+            }
+            Ok(())
+        }
+        ApiKey::OffsetForLeaderEpoch => {
+            if v >= 3 {
+                w.i32()?;
+            }
+            w.structs(false, |w| {
+                w.string(false)?;
+                w.structs(false, |w| {
+                    w.i32()?;
+                    w.i32()?;
+                    w.i32()
+                })
+            })
+        }
         // ApiVersions v0-2: an empty body (Fetch: `fetch`). Every field is walked, so that in
         // flexible versions the tagged fields are found where the codec reads them.
         _ => Ok(()),

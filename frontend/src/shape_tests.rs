@@ -414,6 +414,59 @@ fn sample(api: ApiKey, v: i16) -> Option<Vec<u8>> {
             r.unknown_tagged_fields = extra;
             r.encode(&mut b, v)
         }
+        ApiKey::ListGroups => {
+            let mut r = ListGroupsRequest::default();
+            if v >= 4 {
+                r.states_filter = vec![st("Stable"), st("Empty")];
+            }
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
+        ApiKey::DescribeGroups => {
+            let mut r = DescribeGroupsRequest::default();
+            r.groups = vec![GroupId(st("g")), GroupId(st("h"))];
+            r.include_authorized_operations = v >= 3;
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
+        ApiKey::DeleteGroups => {
+            let mut r = DeleteGroupsRequest::default();
+            r.groups_names = vec![GroupId(st("g")), GroupId(st("h"))];
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
+        ApiKey::OffsetDelete => {
+            let mut p = offset_delete_request::OffsetDeleteRequestPartition::default();
+            p.partition_index = 3;
+            let mut t = offset_delete_request::OffsetDeleteRequestTopic::default();
+            t.name = tn("t");
+            t.partitions = vec![p.clone(), p];
+            let mut r = OffsetDeleteRequest::default();
+            r.group_id = GroupId(st("g"));
+            r.topics = vec![t];
+            r.encode(&mut b, v)
+        }
+        ApiKey::DescribeCluster => {
+            let mut r = DescribeClusterRequest::default();
+            r.include_cluster_authorized_operations = true;
+            r.endpoint_type = 1;
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
+        ApiKey::OffsetForLeaderEpoch => {
+            let mut p = offset_for_leader_epoch_request::OffsetForLeaderPartition::default();
+            p.partition = 1;
+            p.current_leader_epoch = 0;
+            p.leader_epoch = 0;
+            let mut t = offset_for_leader_epoch_request::OffsetForLeaderTopic::default();
+            t.topic = tn("t");
+            t.partitions = vec![p.clone(), p];
+            let mut r = OffsetForLeaderEpochRequest::default();
+            r.replica_id = BrokerId(-1);
+            r.topics = vec![t];
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
         other => panic!("{other:?} is served but has no sample here: add one"),
     };
     r.unwrap_or_else(|e| panic!("{api:?} v{v}: the sample does not encode: {e}"));
@@ -523,4 +576,22 @@ fn absurd_compact_counts_are_refused_before_decoding() {
     assert!(check(d, 0, &[0x80, 0x80, 0x80, 0x80, 0x08, 0]).is_err());
     // A tagged field longer than the body.
     assert!(check(d, 0, &[0, 1, 0, 100]).is_err());
+}
+
+#[test]
+fn compact_counts_and_tagged_fields_are_walked() {
+    // ListGroups v4: states filter ["Stable"], no tagged fields.
+    let mut ok = vec![2, 7];
+    ok.extend(b"Stable");
+    ok.push(0);
+    assert!(check(ApiKey::ListGroups, 4, &ok).is_ok());
+    assert!(check(ApiKey::ListGroups, 4, &ok[..ok.len() - 1]).is_err());
+    // A count of two billion (as a varint) with nothing behind it.
+    assert!(check(ApiKey::ListGroups, 4, &[0xff, 0xff, 0xff, 0xff, 0x07, 0]).is_err());
+    // A varint that never ends.
+    assert!(check(ApiKey::ListGroups, 4, &[0xff; 8]).is_err());
+    // DescribeCluster v0: a tagged field claiming more bytes than there are.
+    assert!(check(ApiKey::DescribeCluster, 0, &[0, 0]).is_ok());
+    assert!(check(ApiKey::DescribeCluster, 0, &[0, 1, 0, 9, 1]).is_err());
+    assert!(check(ApiKey::DescribeCluster, 0, &[0, 1, 0, 1, 1]).is_ok());
 }

@@ -140,12 +140,14 @@ pub(crate) fn replay(
             MetaRecord::AclRemoved(b) if dev == 0 => {
                 acls.remove(&b);
             }
-            MetaRecord::Commits { .. } => {}
             rec @ (MetaRecord::Credential(_) | MetaRecord::CredentialRemoved { .. })
                 if dev == 0 =>
             {
                 credentials.replay(&rec)
             }
+            MetaRecord::Commits { .. }
+            | MetaRecord::GroupDeleted { .. }
+            | MetaRecord::OffsetsDeleted { .. } => {}
             other => tracing::warn!(device = dev, ?other, "unexpected record in {META_TOPIC}"),
         })?;
     }
@@ -153,6 +155,8 @@ pub(crate) fn replay(
     if let Some(log) = logs.first() {
         scan_meta(log, internal.offsets, OFFSETS_TOPIC, |rec| match rec {
             MetaRecord::Commits { group, commits } => offsets.apply(&group, &commits),
+            MetaRecord::GroupDeleted { group } => offsets.remove_group(&group),
+            MetaRecord::OffsetsDeleted { group, partitions } => offsets.remove(&group, &partitions),
             other => tracing::warn!(?other, "unexpected record in {OFFSETS_TOPIC}"),
         })?;
     }

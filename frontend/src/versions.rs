@@ -9,7 +9,8 @@
 //! a transactional error and v6 share groups, Fetch v18 a follower's high watermark.
 //! Fetch v13+ name topics by id: `topic_ids` derives each topic's id from its durable
 //! incarnation, so ids are stable across restarts and new for a re-created topic.
-//! The config, DeleteRecords and DescribeLogDirs APIs serve their flexible versions too.
+//! The config, DeleteRecords, DescribeLogDirs, group tooling and DescribeCluster APIs serve
+//! their flexible versions too.
 
 use kafka_protocol::messages::ApiKey;
 
@@ -61,6 +62,12 @@ pub const TABLE: &[ApiRange] = &[
     api(ApiKey::AlterConfigs, 0, 2),
     api(ApiKey::DescribeLogDirs, 1, 4),
     api(ApiKey::IncrementalAlterConfigs, 0, 1),
+    api(ApiKey::OffsetForLeaderEpoch, 2, 4),
+    api(ApiKey::DescribeGroups, 0, 5),
+    api(ApiKey::ListGroups, 0, 4),
+    api(ApiKey::DeleteGroups, 0, 2),
+    api(ApiKey::OffsetDelete, 0, 0),
+    api(ApiKey::DescribeCluster, 0, 1),
 ];
 
 /// How a request's (key, version) stands against the table.

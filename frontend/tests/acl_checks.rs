@@ -557,3 +557,57 @@ async fn configs_delete_records_and_log_dirs_are_checked() {
     let r = call(&b, &admin, 4, &DescribeLogDirsRequest::default()).await;
     assert_eq!((r.error_code, r.results.len()), (NONE, 1));
 }
+
+/// The group tooling: ListGroups shows only the groups the principal may describe,
+/// DescribeGroups needs Describe on the group, DeleteGroups Delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_tooling_is_checked() {
+    let b = common::broker(authorizing());
+    b.create_topic("a", 1).await.unwrap();
+    let admin = session("admin");
+    // Two groups holding offsets (committed outside a group generation).
+    for g in ["mine", "theirs"] {
+        let mut p = OffsetCommitRequestPartition::default();
+        p.committed_offset = 1;
+        let mut t = OffsetCommitRequestTopic::default();
+        t.name = TopicName(s("a"));
+        t.partitions = vec![p];
+        let mut oc = OffsetCommitRequest::default();
+        oc.group_id = GroupId(s(g));
+        oc.generation_id_or_member_epoch = -1;
+        oc.topics = vec![t];
+        let r = call(&b, &admin, 2, &oc).await;
+        assert_eq!(r.topics[0].partitions[0].error_code, NONE);
+    }
+    grant(
+        &b,
+        vec![binding(
+            GROUP,
+            "mine",
+            LITERAL,
+            "User:alice",
+            DESCRIBE,
+            "allow",
+        )],
+    )
+    .await;
+    let alice = session("alice");
+    let r = call(&b, &alice, 4, &ListGroupsRequest::default()).await;
+    let names: Vec<String> = r.groups.iter().map(|g| g.group_id.to_string()).collect();
+    assert_eq!(names, vec!["mine".to_string()]);
+    let r = call(&b, &admin, 4, &ListGroupsRequest::default()).await;
+    assert_eq!(r.groups.len(), 2);
+
+    let mut d = DescribeGroupsRequest::default();
+    d.groups = vec![GroupId(s("mine")), GroupId(s("theirs"))];
+    let r = call(&b, &alice, 5, &d).await;
+    let codes: Vec<i16> = r.groups.iter().map(|g| g.error_code).collect();
+    assert_eq!(codes, vec![NONE, GROUP_AUTHORIZATION_FAILED]);
+
+    let mut del = DeleteGroupsRequest::default();
+    del.groups_names = vec![GroupId(s("theirs"))];
+    let r = call(&b, &alice, 2, &del).await;
+    assert_eq!(r.results[0].error_code, GROUP_AUTHORIZATION_FAILED);
+    let r = call(&b, &admin, 2, &del).await;
+    assert_eq!(r.results[0].error_code, NONE);
+}

@@ -21,8 +21,14 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
+use kafka_protocol::messages::offset_delete_request::{
+    OffsetDeleteRequestPartition, OffsetDeleteRequestTopic,
+};
 use kafka_protocol::messages::offset_fetch_request::{
     OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics,
+};
+use kafka_protocol::messages::offset_for_leader_epoch_request::{
+    OffsetForLeaderPartition, OffsetForLeaderTopic,
 };
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
@@ -441,6 +447,51 @@ async fn check(addr: SocketAddr, key: i16, v: i16) -> Result<(), String> {
         ApiKey::DescribeLogDirs => {
             let mut r = DescribeLogDirsRequest::default();
             r.topics = None;
+            answered(addr, v, &r).await
+        }
+        ApiKey::ListGroups => {
+            let mut r = ListGroupsRequest::default();
+            if v >= 4 {
+                r.states_filter = vec![s("Stable"), s("Empty")];
+            }
+            answered(addr, v, &r).await
+        }
+        ApiKey::DescribeGroups => {
+            let mut r = DescribeGroupsRequest::default();
+            r.groups = vec![GroupId(s(GROUP)), GroupId(s("join-5"))];
+            r.include_authorized_operations = v >= 3;
+            answered(addr, v, &r).await
+        }
+        ApiKey::DeleteGroups => {
+            let mut r = DeleteGroupsRequest::default();
+            r.groups_names = vec![GroupId(s(&format!("no-such-group-{v}")))];
+            answered(addr, v, &r).await
+        }
+        ApiKey::OffsetDelete => {
+            let mut t = OffsetDeleteRequestTopic::default();
+            t.name = topic(TOPIC);
+            t.partitions = vec![OffsetDeleteRequestPartition::default()];
+            let mut r = OffsetDeleteRequest::default();
+            r.group_id = GroupId(s(GROUP));
+            r.topics = vec![t];
+            answered(addr, v, &r).await
+        }
+        ApiKey::DescribeCluster => {
+            let mut r = DescribeClusterRequest::default();
+            r.include_cluster_authorized_operations = true;
+            r.endpoint_type = 1;
+            answered(addr, v, &r).await
+        }
+        ApiKey::OffsetForLeaderEpoch => {
+            let mut p = OffsetForLeaderPartition::default();
+            p.current_leader_epoch = 0;
+            p.leader_epoch = 0;
+            let mut t = OffsetForLeaderTopic::default();
+            t.topic = topic(TOPIC);
+            t.partitions = vec![p];
+            let mut r = OffsetForLeaderEpochRequest::default();
+            r.replica_id = BrokerId(-1);
+            r.topics = vec![t];
             answered(addr, v, &r).await
         }
         other => Err(format!(

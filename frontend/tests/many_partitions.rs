@@ -9,13 +9,12 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice, SimHandle};
 use frontend::client::{produce_one_each, Client};
 use frontend::meta::MetaRecord;
-use frontend::{codes, Broker, Config, PartRef};
+use frontend::{codes, Config, PartRef};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
@@ -26,7 +25,7 @@ use kafka_protocol::messages::{
     TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
-use nvmq_log::{FormatOptions, Log, LogConfig};
+use nvmq_log::FormatOptions;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -49,18 +48,6 @@ fn sim(seed: u64, fmt: &FormatOptions) -> (SimDevice, SimHandle) {
     let (mut dev, h) = SimDevice::new(c);
     nvmq_log::mkfs::format(&mut dev, fmt).expect("format");
     (dev, h)
-}
-
-/// A broker on its own writer thread (requests go through `Client`s to a server, or straight).
-fn reopen(dev: SimDevice) -> Arc<Broker> {
-    let lc = LogConfig::default();
-    let (w, _) = recovery::open(dev, lc.clone()).expect("open");
-    Broker::open(
-        Log::start(w, lc.queue_capacity),
-        lc.queue_capacity,
-        Config::default(),
-    )
-    .expect("broker")
 }
 
 /// (VmRSS, VmHWM) of this process in MiB.
@@ -231,7 +218,7 @@ async fn ten_thousand_partitions_created_written_past_checkpoints_and_laps_then_
     // A restart finds the new topic alone.
     handle.power_cut();
     server.kill();
-    let b2 = reopen(handle.power_on());
+    let b2 = common::reopen(handle.power_on(), frontend::Config::default());
     let topics: Vec<String> = b2.topics().map.keys().cloned().collect();
     assert_eq!(topics, vec![fresh.clone()]);
     let p = b2.topics().partition(&fresh, 0).expect("partition");
@@ -309,7 +296,7 @@ async fn creates_past_the_registry_limit_are_refused_whole_with_policy_violation
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_of_a_topic_deleted_before_a_crash_are_freed_at_the_next_start() {
     let (dev, handle) = sim(13, &FormatOptions::default());
-    let b = reopen(dev);
+    let b = common::reopen(dev, frontend::Config::default());
     assert!(b.create_topic("kept", 3).await.expect("create"));
     assert!(b.create_topic("doomed", 50).await.expect("create"));
     assert_eq!(b.log().partitions().len(), 2 + 53);
@@ -325,7 +312,7 @@ async fn partitions_of_a_topic_deleted_before_a_crash_are_freed_at_the_next_star
     .expect("tombstone");
     handle.power_cut();
     drop(b);
-    let b = reopen(handle.power_on());
+    let b = common::reopen(handle.power_on(), frontend::Config::default());
     assert!(!b.topics().map.contains_key("doomed"));
     let left: Vec<String> = b.log().partitions().into_iter().map(|p| p.1).collect();
     assert_eq!(left.len(), 2 + 3, "{left:?}");
@@ -409,7 +396,7 @@ async fn one_offset_commit_larger_than_a_record_is_committed_and_survives_a_rest
     }
     handle.power_cut();
     server.kill();
-    let b2 = reopen(handle.power_on());
+    let b2 = common::reopen(handle.power_on(), frontend::Config::default());
     for i in 0..300 {
         let got = b2
             .offsets()

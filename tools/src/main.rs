@@ -77,7 +77,7 @@ enum Command {
     /// below the recovery point (rebuilt in the background) is ready.
     BenchRecovery(bench_recovery::BenchRecoveryArgs),
     /// Serve Kafka clients (the Kafka protocol frontend) over a device.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Measure the Kafka frontend: producers speaking the protocol, acks=all.
     KafkaBench(kafka_bench::KafkaBenchArgs),
     /// Add, remove and list SASL users (SCRAM credentials stored in the log) on a stopped
@@ -169,7 +169,7 @@ fn main() -> ExitCode {
         Command::CheckStorage(a) => check_storage::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchRecovery(a) => bench_recovery::run(a).map(|()| Status::Ok),
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::KafkaBench(a) => kafka_bench::run(a).map(|()| Status::Ok),
         Command::User(a) => user::run(a),
         Command::ConfigReference => {

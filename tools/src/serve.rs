@@ -114,6 +114,11 @@ pub struct ServeArgs {
     /// producer.
     #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "1d")]
     pub producer_id_expiration: Duration,
+    /// A consumer group with no members that commits nothing for this long is deleted with its
+    /// committed offsets (Kafka's offsets.retention.minutes). A restart starts every group's
+    /// clock afresh (commits are stored without a time), so offsets are never dropped early.
+    #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "7d")]
+    pub offsets_retention: Duration,
     /// Benchmark ceiling: answer Produce (decoded and checked as always) without touching the
     /// log, so nothing is stored. Shows what the request/response path alone allows; for
     /// `kafka-bench` comparisons only.
@@ -181,6 +186,12 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         .collect::<Result<_>>()?;
     let size = args.size;
     let max_frame = args.max_frame;
+    if args.offsets_retention < Duration::from_secs(60) {
+        bail!(
+            "--offsets-retention {:?} is below a minute (Kafka's least): an empty group's offsets would go between two commits",
+            args.offsets_retention
+        );
+    }
     if args.write_timeout.is_zero() {
         bail!("--write-timeout must be positive (zero would close every connection with an answer to send)");
     }
@@ -306,6 +317,7 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         max_frame,
         max_uncompressed_batch: max_uncompressed,
         producer_id_expiration: args.producer_id_expiration,
+        offsets_retention: args.offsets_retention,
         ceiling: args.ceiling,
         max_connection_bytes,
         max_queued_bytes,

@@ -3,6 +3,16 @@
 //! known member has rejoined or the rebalance timeout removed the rest; SyncGroup answers wait for
 //! the leader's assignment. Generations are recorded in `__nvmq_meta` so that they keep rising
 //! across restarts; members are not: after a restart every member rejoins (UNKNOWN_MEMBER_ID).
+//!
+//! Static members (KIP-345, `group.instance.id`): a restarted one (empty member id, known
+//! instance id) takes its old member's place and assignment under a new member id, without a
+//! rebalance while the group is stable and its subscription unchanged; the old member id is
+//! fenced (FENCED_INSTANCE_ID) from then on. What operators' tools read (ListGroups,
+//! DescribeGroups) is in `view`.
+
+mod view;
+
+pub use view::{GroupView, MemberView};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +31,11 @@ const MAX_SESSION_TIMEOUT: i32 = 3_600_000;
 pub struct JoinRequest {
     pub group: String,
     pub member_id: String,
+    /// `group.instance.id` (JoinGroup v5+): a static member.
+    pub instance_id: Option<String>,
     pub client_id: String,
+    /// The client's address as DescribeGroups shows it.
+    pub client_host: String,
     pub session_timeout_ms: i32,
     pub rebalance_timeout_ms: i32,
     pub protocol_type: String,
@@ -73,6 +87,9 @@ enum State {
 }
 
 struct Member {
+    client_id: String,
+    client_host: String,
+    instance_id: Option<String>,
     protocols: Vec<(String, Bytes)>,
     session_timeout: Duration,
     rebalance_timeout: Duration,
@@ -90,6 +107,29 @@ struct Group {
     protocol: Option<String>,
     leader: Option<String>,
     members: BTreeMap<String, Member>,
+    /// Static members: instance id → its current member id.
+    statics: HashMap<String, String>,
+    /// Since when the group has had no members (for the expiry of empty groups).
+    empty_since: Option<Instant>,
+}
+
+impl Group {
+    /// Takes a member out (and its instance id, if static).
+    fn remove_member(&mut self, id: &str) -> Option<Member> {
+        let mem = self.members.remove(id)?;
+        if let Some(inst) = &mem.instance_id {
+            if self.statics.get(inst).is_some_and(|m| m == id) {
+                self.statics.remove(inst);
+            }
+        }
+        Some(mem)
+    }
+
+    /// FENCED_INSTANCE_ID when `instance` belongs to another member id than `member_id`.
+    fn fenced(&self, instance: Option<&str>, member_id: &str) -> Option<i16> {
+        let current = self.statics.get(instance?)?;
+        (current != member_id).then_some(codes::FENCED_INSTANCE_ID)
+    }
 }
 
 pub struct Groups {
@@ -131,7 +171,14 @@ impl Groups {
             protocol: None,
             leader: None,
             members: BTreeMap::new(),
+            statics: HashMap::new(),
+            empty_since: None,
         })
+    }
+
+    fn new_member_id(&self, client_id: &str) -> String {
+        let n = self.next_member.fetch_add(1, Ordering::Relaxed);
+        format!("{client_id}-{:x}-{n}", self.nonce)
     }
 
     pub fn join(&self, req: JoinRequest) -> Answer<JoinResult> {
@@ -151,19 +198,37 @@ impl Groups {
             return Answer::Now(refuse(codes::INCONSISTENT_GROUP_PROTOCOL, &req.member_id));
         }
         let mut m = lock(&self.groups);
-        let g = self.group(&mut m, &req.group);
-        if !req.member_id.is_empty() && !g.members.contains_key(&req.member_id) {
+        let stale = m.get(&req.group).and_then(|g| {
+            (!req.member_id.is_empty())
+                .then(|| g.fenced(req.instance_id.as_deref(), &req.member_id))
+                .flatten()
+        });
+        if let Some(e) = stale {
+            return Answer::Now(refuse(e, &req.member_id));
+        }
+        // A refused join leaves no group behind (ListGroups would show it).
+        if !req.member_id.is_empty()
+            && !m
+                .get(&req.group)
+                .is_some_and(|g| g.members.contains_key(&req.member_id))
+        {
             return Answer::Now(refuse(codes::UNKNOWN_MEMBER_ID, &req.member_id));
         }
-        let others_share = g
-            .members
-            .iter()
-            .filter(|(id, _)| **id != req.member_id)
-            .all(|(_, o)| {
-                req.protocols
-                    .iter()
-                    .any(|(n, _)| o.protocols.iter().any(|(on, _)| on == n))
-            });
+        let g = self.group(&mut m, &req.group);
+        let static_old = match req.instance_id.as_deref() {
+            Some(inst) => match g.statics.get(inst) {
+                Some(old) if req.member_id.is_empty() => Some(old.clone()),
+                _ => None,
+            },
+            None => None,
+        };
+        // The member this join replaces or renews: it does not count among the others.
+        let me = static_old.as_deref().unwrap_or(&req.member_id);
+        let others_share = g.members.iter().filter(|(id, _)| *id != me).all(|(_, o)| {
+            req.protocols
+                .iter()
+                .any(|(n, _)| o.protocols.iter().any(|(on, _)| on == n))
+        });
         let type_ok = g.members.is_empty()
             || g.protocol_type
                 .as_deref()
@@ -171,33 +236,97 @@ impl Groups {
         if !others_share || !type_ok {
             return Answer::Now(refuse(codes::INCONSISTENT_GROUP_PROTOCOL, &req.member_id));
         }
-        let member_id = if req.member_id.is_empty() {
-            let n = self.next_member.fetch_add(1, Ordering::Relaxed);
-            format!("{}-{:x}-{n}", req.client_id, self.nonce)
-        } else {
-            req.member_id.clone()
-        };
-        let (tx, rx) = oneshot::channel();
         let now = Instant::now();
-        let member = g.members.entry(member_id).or_insert_with(|| Member {
-            protocols: Vec::new(),
-            session_timeout: Duration::ZERO,
-            rebalance_timeout: Duration::ZERO,
-            last_seen: now,
-            join: None,
-            sync: None,
-            assignment: Bytes::new(),
-        });
+        let (member_id, kept) = match &static_old {
+            Some(old) => {
+                let new_id = self.new_member_id(&req.client_id);
+                (new_id.clone(), Some(self.replace_static(g, old, new_id)))
+            }
+            None if req.member_id.is_empty() => (self.new_member_id(&req.client_id), None),
+            None => (req.member_id.clone(), None),
+        };
+        let member = g
+            .members
+            .entry(member_id.clone())
+            .or_insert_with(|| Member {
+                client_id: String::new(),
+                client_host: String::new(),
+                instance_id: None,
+                protocols: Vec::new(),
+                session_timeout: Duration::ZERO,
+                rebalance_timeout: Duration::ZERO,
+                last_seen: now,
+                join: None,
+                sync: None,
+                assignment: Bytes::new(),
+            });
+        let unchanged = member.protocols == req.protocols;
         member.protocols = req.protocols;
+        member.client_id = req.client_id;
+        member.client_host = req.client_host;
+        member.instance_id = req.instance_id.clone();
         member.session_timeout = Duration::from_millis(req.session_timeout_ms as u64);
         member.rebalance_timeout =
             Duration::from_millis(req.rebalance_timeout_ms.max(req.session_timeout_ms) as u64);
         member.last_seen = now;
-        member.join = Some(tx);
+        if let Some(inst) = req.instance_id {
+            g.statics.insert(inst, member_id.clone());
+        }
         g.protocol_type = Some(req.protocol_type);
+        g.empty_since = None;
+        // A restarted static member of a stable group whose subscription did not change gets
+        // its old assignment back (SyncGroup hands it over) without disturbing the others. The
+        // leader named is the one before the replacement, so that a restarted leader does not
+        // compute an assignment a stable group would not hand out.
+        if let Some(reported_leader) = kept {
+            if g.state == State::Stable && unchanged {
+                return Answer::Now(JoinResult {
+                    error: codes::NONE,
+                    generation: g.generation,
+                    protocol_type: g.protocol_type.clone(),
+                    protocol: g.protocol.clone(),
+                    leader: reported_leader,
+                    member_id,
+                    members: Vec::new(),
+                });
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        if let Some(mem) = g.members.get_mut(&member_id) {
+            mem.join = Some(tx);
+        }
         self.prepare(g, now);
         self.try_complete(g);
         Answer::Held(rx)
+    }
+
+    /// Puts `new_id` in the place of static member `old` (its protocols and assignment, and the
+    /// leadership if it led); the old member's held answers are fenced. Returns the leader as it
+    /// was before.
+    fn replace_static(&self, g: &mut Group, old: &str, new_id: String) -> String {
+        let before = g.leader.clone().unwrap_or_default();
+        if let Some(mut mem) = g.remove_member(old) {
+            if let Some(j) = mem.join.take() {
+                let _ = j.send(JoinResult {
+                    error: codes::FENCED_INSTANCE_ID,
+                    generation: -1,
+                    member_id: old.to_string(),
+                    ..Default::default()
+                });
+            }
+            if let Some(s) = mem.sync.take() {
+                let _ = s.send(SyncResult {
+                    error: codes::FENCED_INSTANCE_ID,
+                    ..Default::default()
+                });
+            }
+            if g.leader.as_deref() == Some(old) {
+                g.leader = Some(new_id.clone());
+            }
+            g.members.insert(new_id, mem);
+        }
+        tracing::info!(group = %g.name, old, "static member replaced");
+        before
     }
 
     /// Starts a rebalance (if none runs): held syncs learn of it.
@@ -241,6 +370,7 @@ impl Groups {
             g.state = State::Empty;
             g.protocol = None;
             g.leader = None;
+            g.empty_since = Some(Instant::now());
             return;
         }
         let leader = match &g.leader {
@@ -303,6 +433,7 @@ impl Groups {
         group: &str,
         generation: i32,
         member_id: &str,
+        instance: Option<&str>,
         assignments: Vec<(String, Bytes)>,
     ) -> Answer<SyncResult> {
         let refuse = |error| SyncResult {
@@ -313,6 +444,9 @@ impl Groups {
         let Some(g) = m.get_mut(group) else {
             return Answer::Now(refuse(codes::UNKNOWN_MEMBER_ID));
         };
+        if let Some(e) = g.fenced(instance, member_id) {
+            return Answer::Now(refuse(e));
+        }
         if !g.members.contains_key(member_id) {
             return Answer::Now(refuse(codes::UNKNOWN_MEMBER_ID));
         }
@@ -366,11 +500,20 @@ impl Groups {
         }
     }
 
-    pub fn heartbeat(&self, group: &str, generation: i32, member_id: &str) -> i16 {
+    pub fn heartbeat(
+        &self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        instance: Option<&str>,
+    ) -> i16 {
         let mut m = lock(&self.groups);
         let Some(g) = m.get_mut(group) else {
             return codes::UNKNOWN_MEMBER_ID;
         };
+        if let Some(e) = g.fenced(instance, member_id) {
+            return e;
+        }
         let Some(mem) = g.members.get_mut(member_id) else {
             return codes::UNKNOWN_MEMBER_ID;
         };
@@ -384,18 +527,32 @@ impl Groups {
         }
     }
 
-    /// LeaveGroup: one error code per member named.
-    pub fn leave(&self, group: &str, member_ids: &[String]) -> Vec<i16> {
+    /// LeaveGroup: one error code per member named, by member id or (static members, v3+) by
+    /// instance id; a member id given with an instance id must be the instance's current one.
+    pub fn leave(&self, group: &str, leaving: &[(String, Option<String>)]) -> Vec<i16> {
         let mut m = lock(&self.groups);
         let Some(g) = m.get_mut(group) else {
-            return vec![codes::UNKNOWN_MEMBER_ID; member_ids.len()];
+            return vec![codes::UNKNOWN_MEMBER_ID; leaving.len()];
         };
-        let mut out = Vec::with_capacity(member_ids.len());
+        let mut out = Vec::with_capacity(leaving.len());
         let mut any = false;
-        for id in member_ids {
-            match g.members.remove(id) {
-                Some(mem) => {
-                    drop(mem);
+        for (id, instance) in leaving {
+            let id = match instance.as_deref() {
+                None => id.clone(),
+                Some(inst) => match g.statics.get(inst) {
+                    None => {
+                        out.push(codes::UNKNOWN_MEMBER_ID);
+                        continue;
+                    }
+                    Some(cur) if !id.is_empty() && cur != id => {
+                        out.push(codes::FENCED_INSTANCE_ID);
+                        continue;
+                    }
+                    Some(cur) => cur.clone(),
+                },
+            };
+            match g.remove_member(&id) {
+                Some(_) => {
                     any = true;
                     out.push(codes::NONE);
                 }
@@ -420,7 +577,13 @@ impl Groups {
     }
 
     /// OffsetCommit's membership check: NONE when the commit may go ahead.
-    pub fn may_commit(&self, group: &str, generation: i32, member_id: &str) -> i16 {
+    pub fn may_commit(
+        &self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        instance: Option<&str>,
+    ) -> i16 {
         let m = lock(&self.groups);
         let g = m.get(group);
         if generation < 0 && member_id.is_empty() {
@@ -434,6 +597,9 @@ impl Groups {
         let Some(g) = g else {
             return codes::UNKNOWN_MEMBER_ID;
         };
+        if let Some(e) = g.fenced(instance, member_id) {
+            return e;
+        }
         if !g.members.contains_key(member_id) {
             return codes::UNKNOWN_MEMBER_ID;
         }
@@ -454,6 +620,7 @@ impl Groups {
             if let State::Preparing { deadline } = g.state {
                 if now >= deadline {
                     g.members.retain(|_, mem| mem.join.is_some());
+                    g.statics.retain(|_, id| g.members.contains_key(id));
                     self.complete(g);
                     continue;
                 }
@@ -462,6 +629,7 @@ impl Groups {
             g.members.retain(|_, mem| {
                 mem.join.is_some() || now.duration_since(mem.last_seen) < mem.session_timeout
             });
+            g.statics.retain(|_, id| g.members.contains_key(id));
             if g.members.len() != before {
                 tracing::info!(left = before - g.members.len(), "group members expired");
                 self.membership_changed(g);
@@ -482,109 +650,4 @@ impl Groups {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn req(group: &str, member: &str) -> JoinRequest {
-        JoinRequest {
-            group: group.into(),
-            member_id: member.into(),
-            client_id: "c".into(),
-            session_timeout_ms: 10_000,
-            rebalance_timeout_ms: 10_000,
-            protocol_type: "consumer".into(),
-            protocols: vec![("range".into(), Bytes::from_static(b"meta"))],
-        }
-    }
-
-    #[test]
-    fn two_members_join_sync_and_rebalance_when_one_leaves() {
-        let gs = Groups::new(HashMap::from([("g".to_string(), 4)]));
-        let ja = gs.join(req("g", "")).try_now().unwrap();
-        assert_eq!((ja.error, ja.generation), (codes::NONE, 5));
-        assert_eq!(ja.leader, ja.member_id);
-        // B joins: a rebalance starts; A learns through its heartbeat and rejoins.
-        let Answer::Held(mut b) = gs.join(req("g", "")) else {
-            panic!("B's join answered before A rejoined")
-        };
-        assert_eq!(
-            gs.heartbeat("g", 5, &ja.member_id),
-            codes::REBALANCE_IN_PROGRESS
-        );
-        let Answer::Held(mut a2) = gs.join(req("g", &ja.member_id)) else {
-            panic!("A's rejoin was not held")
-        };
-        let (ja2, jb) = (a2.try_recv().unwrap(), b.try_recv().unwrap());
-        assert_eq!((ja2.generation, jb.generation), (6, 6));
-        assert_eq!(ja2.members.len(), 2);
-        assert!(jb.members.is_empty());
-        // B's sync waits for the leader's assignment.
-        let Answer::Held(mut sb) = gs.sync("g", 6, &jb.member_id, vec![]) else {
-            panic!("B's sync answered before the leader's")
-        };
-        assert!(sb.try_recv().is_err());
-        let assignments = vec![
-            (ja2.member_id.clone(), Bytes::from_static(b"A")),
-            (jb.member_id.clone(), Bytes::from_static(b"B")),
-        ];
-        let sa = gs.sync("g", 6, &ja2.member_id, assignments);
-        assert_eq!(sa.try_now().unwrap().assignment, Bytes::from_static(b"A"));
-        assert_eq!(sb.try_recv().unwrap().assignment, Bytes::from_static(b"B"));
-        assert_eq!(gs.may_commit("g", 6, &jb.member_id), codes::NONE);
-        assert_eq!(
-            gs.may_commit("g", 5, &jb.member_id),
-            codes::ILLEGAL_GENERATION
-        );
-        // A leaves: B rejoins alone and leads generation 7.
-        assert_eq!(
-            gs.leave("g", std::slice::from_ref(&ja2.member_id)),
-            vec![codes::NONE]
-        );
-        assert_eq!(
-            gs.heartbeat("g", 6, &ja2.member_id),
-            codes::UNKNOWN_MEMBER_ID
-        );
-        assert_eq!(
-            gs.heartbeat("g", 6, &jb.member_id),
-            codes::REBALANCE_IN_PROGRESS
-        );
-        let jb2 = gs.join(req("g", &jb.member_id)).try_now().unwrap();
-        assert_eq!(
-            (jb2.generation, jb2.leader.as_str()),
-            (7, jb.member_id.as_str())
-        );
-    }
-
-    #[test]
-    fn silent_members_expire_and_rebalances_time_out() {
-        let gs = Groups::new(HashMap::new());
-        let mut r = req("g", "");
-        r.session_timeout_ms = 1000;
-        r.rebalance_timeout_ms = 1000;
-        let ja = gs.join(r).try_now().unwrap();
-        let mut r2 = req("g", "");
-        r2.session_timeout_ms = 1000;
-        r2.rebalance_timeout_ms = 1000;
-        let Answer::Held(mut b) = gs.join(r2) else {
-            panic!("B's join was not held")
-        };
-        // A never rejoins: after the rebalance timeout B gets a generation of its own.
-        gs.tick(Instant::now() + Duration::from_secs(2));
-        let jb = b.try_recv().unwrap();
-        assert_eq!(jb.members.len(), 1);
-        assert_ne!(jb.member_id, ja.member_id);
-        assert_eq!(
-            gs.heartbeat("g", jb.generation, &ja.member_id),
-            codes::UNKNOWN_MEMBER_ID
-        );
-        gs.tick(Instant::now() + Duration::from_secs(5));
-        assert_eq!(
-            gs.heartbeat("g", jb.generation, &jb.member_id),
-            codes::UNKNOWN_MEMBER_ID
-        );
-        assert_eq!(
-            gs.join(req("", "")).try_now().map(|r| r.error),
-            Some(codes::INVALID_GROUP_ID)
-        );
-    }
-}
+mod tests;
