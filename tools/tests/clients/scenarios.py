@@ -426,15 +426,61 @@ def negotiated():
     print("versions", json.dumps(seen, sort_keys=True), flush=True)
 
 
-def sasl(mechanism, user, password):
-    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
+def sasl(mechanism, user, password, ca=None):
+    """SASL_PLAINTEXT, or SASL_SSL trusting the CA file `ca`."""
+    conf = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
             "sasl.username": user, "sasl.password": password}
+    if ca:
+        conf.update({"security.protocol": "SASL_SSL", "ssl.ca.location": ca})
+    return conf
+
+
+def sasl_ssl_setup():
+    """As the super user ARGS[0] (password ARGS[1]; CA ARGS[2]) over SASL_SSL with SCRAM-SHA-512:
+    topics a and b, and ACLs letting User:alice write and read a (and use any group)."""
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
+                                       ResourcePatternType, ResourceType)
+
+    user, password, ca = ARGS
+    conf = sasl("SCRAM-SHA-512", user, password, ca)
+    for t in ("a", "b"):
+        create_topic(t, 1, conf)
+    lit, allow = ResourcePatternType.LITERAL, AclPermissionType.ALLOW
+    bindings = [
+        AclBinding(ResourceType.TOPIC, "a", lit, "User:alice", "*", AclOperation.WRITE, allow),
+        AclBinding(ResourceType.TOPIC, "a", lit, "User:alice", "*", AclOperation.READ, allow),
+        AclBinding(ResourceType.GROUP, "*", lit, "User:alice", "*", AclOperation.READ, allow),
+    ]
+    a = AdminClient({"bootstrap.servers": BOOT, **conf})
+    for f in a.create_acls(bindings, request_timeout=15).values():
+        f.result()
+    print("ok: topics a, b; alice may write and read a")
+
+
+def sasl_ssl_denied():
+    """As ARGS[0] (password ARGS[1]; CA ARGS[2]) over SASL_SSL with SCRAM-SHA-512: producing to a
+    is delivered and read back, to b fails with TOPIC_AUTHORIZATION_FAILED."""
+    from confluent_kafka import KafkaError, Producer
+
+    user, password, ca = ARGS
+    conf = sasl("SCRAM-SHA-512", user, password, ca)
+    got = ck_produce("a", 20, 1, conf)
+    ck_read_all("a", 1, got, conf)
+    p = Producer({"bootstrap.servers": BOOT, "acks": "all", "message.timeout.ms": 20000, **conf})
+    reports = []
+    p.produce("b", b"denied", on_delivery=lambda err, msg: reports.append(err))
+    if p.flush(30):
+        fail("the message to b was never reported")
+    err = reports[0] if reports else None
+    if err is None or err.code() != KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        fail(f"producing to b reported {err}")
+    print(f"ok: 20 to a produced and read back, b refused with {err.name()}")
 
 
 def sasl_ok():
     """Produces and reads back 50 records logged in as ARGS: mechanism user password topic."""
-    mech, user, password, topic = ARGS
-    conf = sasl(mech, user, password)
+    mech, user, password, topic = ARGS[:4]
+    conf = sasl(mech, user, password, ARGS[4] if len(ARGS) > 4 else None)
     got = ck_produce(topic, 50, 1, conf)
     ck_read_all(topic, 1, got, conf)
     print(f"ok: {mech} as {user}: 50 produced and read back", flush=True)
@@ -444,10 +490,10 @@ def sasl_refused():
     """A producer logging in as ARGS (mechanism user password) gets an authentication error."""
     from confluent_kafka import KafkaError, Producer
 
-    mech, user, password = ARGS
+    mech, user, password = ARGS[:3]
     errors = []
     conf = {"bootstrap.servers": BOOT, "error_cb": errors.append}
-    conf.update(sasl(mech, user, password))
+    conf.update(sasl(mech, user, password, ARGS[3] if len(ARGS) > 3 else None))
     p = Producer(conf)
     p.produce("refused", value=b"never")
     deadline = time.time() + 30
@@ -613,6 +659,8 @@ def kp_log_dirs():
     "produce_log": produce_log,
     "read_values": read_values,
     "tls": tls,
+    "sasl_ssl_setup": sasl_ssl_setup,
+    "sasl_ssl_denied": sasl_ssl_denied,
     "tls_untrusted": tls_untrusted,
     "admin_configs": admin_configs,
     "kp_log_dirs": kp_log_dirs,
