@@ -33,9 +33,14 @@ out=$scratch/security-cost.jsonl
 children=()
 trap 'for p in "${children[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 
+# A CA, and the broker's certificate it signs (a self-signed leaf is refused as a CA).
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-  -keyout "$scratch/key.pem" -out "$scratch/cert.pem" -subj /CN=127.0.0.1 \
-  -addext subjectAltName=IP:127.0.0.1 2>/dev/null
+  -keyout "$scratch/ca.key" -out "$scratch/ca.pem" -subj /CN=bench-ca 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+  -keyout "$scratch/key.pem" -out "$scratch/server.csr" -subj /CN=127.0.0.1 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1\n' > "$scratch/san.ext"
+openssl x509 -req -in "$scratch/server.csr" -CA "$scratch/ca.pem" -CAkey "$scratch/ca.key" \
+  -CAcreateserial -days 1 -extfile "$scratch/san.ext" -out "$scratch/cert.pem" 2>/dev/null
 tls=(--tls-cert "$scratch/cert.pem" --tls-key "$scratch/key.pem")
 
 serve_start() {
@@ -81,7 +86,7 @@ for r in $(seq 1 "$rounds"); do
     case $config in
       plain) "$bin" format --device "$dev" --size 2G --force > /dev/null ;;
       tls) "$bin" format --device "$dev" --size 2G --force > /dev/null
-           extra=("${tls[@]}"); bench=(--tls-ca "$scratch/cert.pem") ;;
+           extra=("${tls[@]}"); bench=(--tls-ca "$scratch/ca.pem") ;;
       acl) dev=$acl_dev; extra=(--authorizer) ;;
     esac
     serve_start "$scratch/$config.log" --device "$dev" "${extra[@]}"
@@ -90,7 +95,7 @@ for r in $(seq 1 "$rounds"); do
     emit "$r" "$config" "$json"
     if [ "$config" != acl ]; then
       ca=""
-      [ "$config" = tls ] && ca=$scratch/cert.pem
+      [ "$config" = tls ] && ca=$scratch/ca.pem
       emit "$r" "$config-connect" "$(python3 "$here/connect_rate.py" "127.0.0.1:$PORT" "$CONNECTS" $ca)"
     fi
     serve_stop
