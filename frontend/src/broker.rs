@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use nvmq_log::{Appended, Log, LogError};
@@ -245,7 +245,7 @@ pub struct Broker {
     /// SCRAM credentials (`credentials.rs`).
     pub(crate) credentials: crate::credentials::Credentials,
     /// Topic configs, raised log start offsets, batch limits (`topic_state`).
-    topic_state: Mutex<TopicState>,
+    topic_state: RwLock<TopicState>,
     stop: Arc<AtomicBool>,
 }
 
@@ -341,7 +341,7 @@ impl Broker {
             next_producer_id: Mutex::new(replayed.next_producer_id),
             acl,
             credentials: replayed.credentials,
-            topic_state: Mutex::new(topic_state),
+            topic_state: RwLock::new(topic_state),
             stop,
         });
         b.refresh_limits();

@@ -9,10 +9,11 @@
 //! partition's own device, replayed at start and re-recorded by its snapshots.
 
 use std::collections::HashMap;
+use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 use nvmq_log::LogError;
 
-use super::{lock, Broker};
+use super::Broker;
 use crate::meta::MetaRecord;
 use crate::part::PartRef;
 use crate::topic_config::TopicConfigs;
@@ -46,9 +47,20 @@ impl Broker {
 
     /// The largest batch a Produce to `p` may carry: its topic's max.message.bytes, at most what
     /// its log takes.
+    /// The state for reading: the produce and fetch paths of every loop read it at once (a
+    /// partition's batch limit, its raised start), so they share the lock; writers (a config
+    /// recorded, a start raised, a topic gone) are rare.
+    fn topic_state(&self) -> RwLockReadGuard<'_, TopicState> {
+        self.topic_state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn topic_state_mut(&self) -> RwLockWriteGuard<'_, TopicState> {
+        self.topic_state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub fn batch_limit(&self, p: PartRef) -> usize {
         let max = self.log_of(p).max_payload();
-        match lock(&self.topic_state).limits.get(&p) {
+        match self.topic_state().limits.get(&p) {
             Some(&l) => l.min(max),
             None => max,
         }
@@ -56,7 +68,7 @@ impl Broker {
 
     /// A topic's set configs (empty when all are at their defaults or there is no such topic).
     pub fn topic_configs(&self, name: &str) -> TopicConfigs {
-        lock(&self.topic_state)
+        self.topic_state()
             .configs
             .get(name)
             .cloned()
@@ -86,7 +98,7 @@ impl Broker {
     ) -> Result<(), LogError> {
         let rec = self.config_record(name, &configs);
         self.append_meta(self.meta_partition, &rec).await?;
-        lock(&self.topic_state)
+        self.topic_state_mut()
             .configs
             .insert(name.to_string(), configs);
         self.refresh_limits();
@@ -107,7 +119,8 @@ impl Broker {
 
     /// The records that re-create every topic's configs (for `snapshot`).
     pub(super) fn config_records(&self) -> Vec<MetaRecord> {
-        let all: Vec<(String, TopicConfigs)> = lock(&self.topic_state)
+        let all: Vec<(String, TopicConfigs)> = self
+            .topic_state()
             .configs
             .iter()
             .map(|(n, c)| (n.clone(), c.clone()))
@@ -118,7 +131,7 @@ impl Broker {
     /// A deleted topic's configs and start offsets go with it.
     pub(super) fn forget_topic(&self, name: &str, parts: &[PartRef]) {
         {
-            let mut st = lock(&self.topic_state);
+            let mut st = self.topic_state_mut();
             st.configs.remove(name);
             for p in parts {
                 st.starts.remove(p);
@@ -131,7 +144,7 @@ impl Broker {
     /// topic's partitions or the topics changed).
     pub(super) fn refresh_limits(&self) {
         let topics = self.topics();
-        let mut st = lock(&self.topic_state);
+        let mut st = self.topic_state_mut();
         let limits = st
             .configs
             .iter()
@@ -143,7 +156,7 @@ impl Broker {
 
     /// `p`'s start offset as raised past the log's own, if it was.
     pub(super) fn raised_start(&self, p: PartRef) -> Option<u64> {
-        lock(&self.topic_state).starts.get(&p).copied()
+        self.topic_state().starts.get(&p).copied()
     }
 
     /// The record of `p`'s raised start, if it is still past the log's own (for snapshots; once
@@ -177,7 +190,7 @@ impl Broker {
         };
         self.append_meta(meta, &rec).await?;
         let now = {
-            let mut st = lock(&self.topic_state);
+            let mut st = self.topic_state_mut();
             let e = st.starts.entry(p).or_default();
             *e = (*e).max(to);
             *e
@@ -191,7 +204,7 @@ impl Broker {
     pub async fn enforce_retention(&self, now_ms: i64) -> Result<usize, LogError> {
         let due: Vec<(PartRef, Option<i64>, Option<u64>)> = {
             let topics = self.topics();
-            let st = lock(&self.topic_state);
+            let st = self.topic_state();
             st.configs
                 .iter()
                 .filter(|(_, c)| c.retention_ms().is_some() || c.retention_bytes().is_some())
