@@ -476,42 +476,55 @@ pub fn find_coordinator(b: &Arc<Broker>, ctx: &Ctx, req: FindCoordinatorRequest)
     ctx.ready(&resp)
 }
 
+/// FindCoordinator's key types (Kafka's `CoordinatorType`): groups, transactions and (v6+,
+/// KIP-932) share groups.
+const KEY_GROUP: i8 = 0;
+const KEY_TRANSACTION: i8 = 1;
+const KEY_SHARE: i8 = 2;
+
 /// The coordinator of a key of `key_type`: this broker for groups the principal may describe;
-/// none for transactions.
+/// none for transactions, and INVALID_REQUEST for any other type (share groups among them),
+/// which is Kafka's answer to a key type it does not serve: a client gives up at once rather
+/// than retrying as it would COORDINATOR_NOT_AVAILABLE.
 fn coordinator(
     b: &Broker,
     ctx: &Ctx,
     key_type: i8,
     key: &StrBytes,
 ) -> (i16, Option<StrBytes>, BrokerId, StrBytes, i32) {
-    if key_type == 0 && !check::group(b, ctx, Operation::Describe, key.as_str()) {
-        return (
-            codes::GROUP_AUTHORIZATION_FAILED,
-            None,
-            BrokerId(-1),
-            StrBytes::default(),
-            -1,
-        );
-    }
-    if key_type != 0 {
-        // A transaction coordinator (key type 1): refused for good, not "not available yet".
-        let why = Some(StrBytes::from_static_str(NO_TRANSACTIONS));
-        return (
+    let refused = |code, why: Option<StrBytes>| (code, why, BrokerId(-1), StrBytes::default(), -1);
+    match key_type {
+        KEY_GROUP if !check::group(b, ctx, Operation::Describe, key.as_str()) => {
+            refused(codes::GROUP_AUTHORIZATION_FAILED, None)
+        }
+        KEY_GROUP => {
+            let host = StrBytes::from_string(b.cfg.advertise_host.clone());
+            (
+                codes::NONE,
+                None,
+                BrokerId(NODE_ID),
+                host,
+                b.cfg.advertise_port,
+            )
+        }
+        // A transaction coordinator: refused for good, not "not available yet".
+        KEY_TRANSACTION => refused(
             codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-            why,
-            BrokerId(-1),
-            StrBytes::default(),
-            -1,
-        );
+            Some(StrBytes::from_static_str(NO_TRANSACTIONS)),
+        ),
+        KEY_SHARE => refused(
+            codes::INVALID_REQUEST,
+            Some(StrBytes::from_static_str(
+                "nvmq does not serve share groups (KIP-932): key type 2 has no coordinator",
+            )),
+        ),
+        other => refused(
+            codes::INVALID_REQUEST,
+            Some(StrBytes::from_string(format!(
+                "unknown coordinator key type {other}: nvmq serves groups (0) only"
+            ))),
+        ),
     }
-    let host = StrBytes::from_string(b.cfg.advertise_host.clone());
-    (
-        codes::NONE,
-        None,
-        BrokerId(NODE_ID),
-        host,
-        b.cfg.advertise_port,
-    )
 }
 
 pub fn init_producer_id(b: &Arc<Broker>, ctx: &Ctx, req: InitProducerIdRequest) -> Reply {

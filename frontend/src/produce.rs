@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::produce_request::TopicProduceData;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
 use kafka_protocol::protocol::{Decodable, StrBytes};
 use nvmq_log::{Appended, LogError};
 use tokio::sync::oneshot;
+use uuid::Uuid;
 
 use crate::acl::{self, Operation};
 use crate::batch;
@@ -129,6 +131,31 @@ struct PartWait {
     waits: Vec<Wait>,
 }
 
+/// From v13 (KIP-516) a Produce names each topic by id. The name of the live topic with that id
+/// goes into `t.name` (one lookup per topic, nothing per partition or record), so the ACL check
+/// and the partition lookups read it as at v3–12. An id no live topic has (never had, or a
+/// topic since deleted, whose re-creation got a new id) is UNKNOWN_TOPIC_ID for each of its
+/// partitions, decided before any ACL is read, as Kafka resolves ids first.
+pub(crate) fn name_topic(
+    b: &Broker,
+    version: i16,
+    t: &mut TopicProduceData,
+) -> Option<(i16, String)> {
+    if version < 13 {
+        return None;
+    }
+    match b.topics().name_of(&t.topic_id) {
+        Some(n) => {
+            t.name = TopicName(StrBytes::from_string(n.to_owned()));
+            None
+        }
+        None => Some((
+            codes::UNKNOWN_TOPIC_ID,
+            format!("no topic has id {}", t.topic_id),
+        )),
+    }
+}
+
 /// The message of a partition refused for want of Write on its topic.
 pub(crate) fn denied(ctx: &Ctx, topic: &str) -> String {
     format!(
@@ -149,10 +176,12 @@ pub fn log_error_code(e: &LogError) -> i16 {
 
 pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
     let acks = req.acks;
-    let mut topics: Vec<(kafka_protocol::messages::TopicName, Vec<PartWait>)> = Vec::new();
-    for t in req.topic_data {
+    let mut topics: Vec<(TopicName, Uuid, Vec<PartWait>)> = Vec::new();
+    for mut t in req.topic_data {
         let mut parts = Vec::new();
-        let allowed = acl::check::topic(b, ctx, Operation::Write, t.name.as_str());
+        let unknown = name_topic(b, ctx.version, &mut t);
+        let allowed =
+            unknown.is_some() || acl::check::topic(b, ctx, Operation::Write, t.name.as_str());
         for p in t.partition_data {
             let pid = b.topics().partition(t.name.as_str(), p.index);
             let mut pw = PartWait {
@@ -161,7 +190,9 @@ pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
                 error: None,
                 waits: Vec::new(),
             };
-            pw.error = if !allowed {
+            pw.error = if let Some(refused) = &unknown {
+                Some(refused.clone())
+            } else if !allowed {
                 Some((
                     codes::TOPIC_AUTHORIZATION_FAILED,
                     denied(ctx, t.name.as_str()),
@@ -188,18 +219,18 @@ pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
             }
             parts.push(pw);
         }
-        topics.push((t.name, parts));
+        topics.push((t.name, t.topic_id, parts));
     }
     if acks == 0 {
         // Nobody hears about a failure but through the connection: it is closed once one is
         // known (here after the appends finish; the loop's fast path does not wait).
         let refused = topics
             .iter()
-            .flat_map(|(_, ps)| ps)
+            .flat_map(|(_, _, ps)| ps)
             .any(|p| p.error.is_some());
         let waits: Vec<Wait> = topics
             .into_iter()
-            .flat_map(|(_, ps)| ps)
+            .flat_map(|(_, _, ps)| ps)
             .flat_map(|p| p.waits)
             .collect();
         return Box::pin(async move {
@@ -216,9 +247,11 @@ pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
     Box::pin(async move {
         let mut resp = ProduceResponse::default();
         let deadline = timeout.map(|t| tokio::time::Instant::now() + Duration::from_millis(t));
-        for (name, parts) in topics {
+        for (name, id, parts) in topics {
             let mut tr = TopicProduceResponse::default();
+            // The codec writes the one the version has: the name to v12, the id from v13.
             tr.name = name;
+            tr.topic_id = id;
             for pw in parts {
                 let mut pr = PartitionProduceResponse::default();
                 pr.index = pw.index;

@@ -75,6 +75,9 @@ fn sample(api: ApiKey, v: i16) -> Option<Vec<u8>> {
             if v >= 17 {
                 p.replica_directory_id = ID; // a known tag of the partition
             }
+            if v >= 18 {
+                p.high_watermark = 41; // another (a follower's high watermark)
+            }
             let mut t = FetchTopic::default();
             let mut f = ForgottenTopic::default();
             if v >= 13 {

@@ -5,10 +5,14 @@
 //! serves whole, flexible (tagged-field) versions included, so current clients (librdkafka 2.x,
 //! the Java client 3.x/4.x, kafkajs) never fall back. Where an API stops below the codec's
 //! newest, the next version means something nvmq does not do (docs/kafka-compatibility.md says
-//! which): Produce v12 and InitProducerId v5 are transactions v2 (KIP-890), FindCoordinator v5
-//! a transactional error and v6 share groups, Fetch v18 a follower's high watermark.
-//! Fetch v13+ name topics by id: `topic_ids` derives each topic's id from its durable
-//! incarnation, so ids are stable across restarts and new for a re-created topic.
+//! which). Produce, Fetch, FindCoordinator and InitProducerId reach the codec's (Kafka 4.1's)
+//! newest: Produce v12 and InitProducerId v5 only tell the broker the client knows
+//! transactions v2 (KIP-890), which nvmq refuses at any version; FindCoordinator v5 may answer
+//! TRANSACTION_ABORTABLE and v6 may ask for a share-group coordinator, which nvmq refuses as
+//! Kafka refuses a key type it does not serve; Fetch v18 adds a follower's high watermark,
+//! which a broker without followers has no use for.
+//! Fetch and Produce v13+ name topics by id: `topic_ids` derives each topic's id from its
+//! durable incarnation, so ids are stable across restarts and new for a re-created topic.
 //! The config, DeleteRecords, DescribeLogDirs, group tooling and DescribeCluster APIs serve
 //! their flexible versions too.
 
@@ -32,13 +36,13 @@ const fn api(key: ApiKey, min: i16, max: i16) -> ApiRange {
 /// answers are v3's less a field or two, and the v2 batches they may carry are taken as at v3
 /// (older message formats get UNSUPPORTED_FOR_MESSAGE_FORMAT for their partition).
 pub const TABLE: &[ApiRange] = &[
-    api(ApiKey::Produce, 0, 11),
-    api(ApiKey::Fetch, 4, 17),
+    api(ApiKey::Produce, 0, 13),
+    api(ApiKey::Fetch, 4, 18),
     api(ApiKey::ListOffsets, 1, 10),
     api(ApiKey::Metadata, 0, 13),
     api(ApiKey::OffsetCommit, 2, 9),
     api(ApiKey::OffsetFetch, 1, 9),
-    api(ApiKey::FindCoordinator, 0, 4),
+    api(ApiKey::FindCoordinator, 0, 6),
     api(ApiKey::JoinGroup, 0, 9),
     api(ApiKey::Heartbeat, 0, 4),
     api(ApiKey::LeaveGroup, 0, 5),
@@ -47,7 +51,7 @@ pub const TABLE: &[ApiRange] = &[
     api(ApiKey::CreateTopics, 2, 7),
     api(ApiKey::DeleteTopics, 1, 6),
     api(ApiKey::CreatePartitions, 0, 3),
-    api(ApiKey::InitProducerId, 0, 4),
+    api(ApiKey::InitProducerId, 0, 5),
     // The codec knows v1–3 (v2 on flexible); nvmq serves them all.
     api(ApiKey::DescribeAcls, 1, 3),
     api(ApiKey::CreateAcls, 1, 3),
@@ -123,8 +127,8 @@ mod tests {
         assert_eq!(support(0, 3), Support::Served);
         assert_eq!(support(0, 0), Support::Served);
         assert_eq!(support(0, -1), Support::Unsupported);
-        assert_eq!(support(0, 11), Support::Served);
-        assert_eq!(support(0, 12), Support::Unsupported);
+        assert_eq!(support(0, 13), Support::Served);
+        assert_eq!(support(0, 14), Support::Unsupported);
         assert_eq!(support(18, 4), Support::Served);
         assert_eq!(support(18, 5), Support::Unsupported);
         assert_eq!(support(1000, 0), Support::UnknownApi);

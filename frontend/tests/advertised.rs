@@ -179,7 +179,11 @@ async fn check(addr: SocketAddr, key: i16, v: i16) -> Result<(), String> {
             p.index = 0;
             p.records = Some(Bytes::from(record_batch(&[b"x"], None)));
             let mut t = TopicProduceData::default();
-            t.name = topic(TOPIC);
+            if v >= 13 {
+                t.topic_id = topic_id(addr).await?;
+            } else {
+                t.name = topic(TOPIC);
+            }
             t.partition_data = vec![p];
             let mut r = ProduceRequest::default();
             r.acks = -1;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kafka_protocol::messages::{ProduceRequest, TopicName};
 use tokio::sync::oneshot;
+use uuid::Uuid;
 
 use super::checker::{Checked, Group, Job};
 use super::conn::{ConnRef, Slot};
@@ -33,7 +34,8 @@ pub(crate) struct Prepared {
     pub acks: i16,
     pub deadline: Option<Instant>,
     pub checks: Checks,
-    pub topics: Vec<(TopicName, Vec<PartPrep>)>,
+    /// Each topic's name and id (the answer names it by the one its version has).
+    pub topics: Vec<(TopicName, Uuid, Vec<PartPrep>)>,
 }
 
 /// One partition of a prepared Produce.
@@ -43,7 +45,8 @@ pub(crate) struct PartPrep {
 }
 
 pub(crate) enum PartState {
-    /// Refused before its batches were looked at (unknown partition, transactions, acks).
+    /// Refused before its batches were looked at (unknown topic id or partition, ACLs,
+    /// transactions, acks).
     Refused(i16, String),
     Batches {
         pid: PartRef,
@@ -110,12 +113,16 @@ pub(crate) fn prepare(lp: &LoopCtx, c: &Ctx, body: Bytes) -> Result<(Prepared, V
     let checks = crate::produce::checks(&b.cfg, c.version);
     let mut groups = Vec::new();
     let mut topics = Vec::with_capacity(req.topic_data.len());
-    for t in req.topic_data {
+    for mut t in req.topic_data {
         let mut parts = Vec::with_capacity(t.partition_data.len());
-        let allowed = acl::check::topic(b, c, Operation::Write, t.name.as_str());
+        let unknown = crate::produce::name_topic(b, c.version, &mut t);
+        let allowed =
+            unknown.is_some() || acl::check::topic(b, c, Operation::Write, t.name.as_str());
         for p in t.partition_data {
             let pid = b.topics().partition(t.name.as_str(), p.index);
-            let state = if !allowed {
+            let state = if let Some((code, what)) = &unknown {
+                PartState::Refused(*code, what.clone())
+            } else if !allowed {
                 PartState::Refused(
                     codes::TOPIC_AUTHORIZATION_FAILED,
                     crate::produce::denied(c, t.name.as_str()),
@@ -141,7 +148,7 @@ pub(crate) fn prepare(lp: &LoopCtx, c: &Ctx, body: Bytes) -> Result<(Prepared, V
                 state,
             });
         }
-        topics.push((t.name, parts));
+        topics.push((t.name, t.topic_id, parts));
     }
     let prepared = Prepared {
         ctx: Ctx {

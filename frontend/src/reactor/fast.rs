@@ -11,6 +11,7 @@ use kafka_protocol::messages::produce_response::{PartitionProduceResponse, Topic
 use kafka_protocol::messages::{FetchRequest, ProduceResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use nvmq_log::{Appended, LogError};
+use uuid::Uuid;
 
 use super::checker::Group;
 use super::checking::{self, Batches, Prepared};
@@ -39,7 +40,8 @@ struct PartAnswer {
 /// A Produce request waiting for its acks (or answered, once `waiting` is 0).
 pub(crate) struct ProduceSlot {
     ctx: Ctx,
-    topics: Vec<(TopicName, Vec<PartAnswer>)>,
+    /// Each topic's name and id, and its partitions' answers.
+    topics: Vec<(TopicName, Uuid, Vec<PartAnswer>)>,
     waiting: u32,
     deadline: Option<Instant>,
     /// (topic, part, batch, where a duplicate of an in-flight batch lands).
@@ -55,7 +57,7 @@ impl ProduceSlot {
         let Some(p) = self
             .topics
             .get_mut(topic as usize)
-            .and_then(|(_, ps)| ps.get_mut(part as usize))
+            .and_then(|(_, _, ps)| ps.get_mut(part as usize))
         else {
             return;
         };
@@ -116,7 +118,7 @@ impl ProduceSlot {
         if self.waiting == 0 || self.deadline.is_none_or(|d| now < d) {
             return false;
         }
-        for (_, parts) in &mut self.topics {
+        for (_, _, parts) in &mut self.topics {
             for p in parts.iter_mut().filter(|p| p.waiting > 0) {
                 p.waiting = 0;
                 p.code = codes::REQUEST_TIMED_OUT;
@@ -132,9 +134,11 @@ impl ProduceSlot {
     pub fn encode_into(self, out: &mut Vec<u8>) -> bool {
         let mut resp = ProduceResponse::default();
         let v = self.ctx.version;
-        for (name, parts) in self.topics {
+        for (name, id, parts) in self.topics {
             let mut tr = TopicProduceResponse::default();
+            // The codec writes the one the version has: the name to v12, the id from v13.
             tr.name = name;
+            tr.topic_id = id;
             for p in parts {
                 let mut pr = PartitionProduceResponse::default();
                 pr.index = p.index;
@@ -203,7 +207,7 @@ pub(crate) fn start(
         deadline: p.deadline,
         landings: Vec::new(),
     };
-    for (ti, (name, parts)) in p.topics.into_iter().enumerate() {
+    for (ti, (name, id, parts)) in p.topics.into_iter().enumerate() {
         let mut answers = Vec::with_capacity(parts.len());
         for (pi, part) in parts.into_iter().enumerate() {
             let mut pa = PartAnswer {
@@ -236,7 +240,7 @@ pub(crate) fn start(
             }
             answers.push(pa);
         }
-        slot.topics.push((name, answers));
+        slot.topics.push((name, id, answers));
     }
     if acks == 0 {
         // No answer goes back, so a failure can only be told by closing the connection, as
