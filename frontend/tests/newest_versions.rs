@@ -210,6 +210,27 @@ async fn produce_v13_by_id_is_checked_against_the_topic_the_id_names() {
         r.responses[0].partition_responses[0].error_code,
         UNKNOWN_TOPIC_ID
     );
+
+    // The same on the slow path (requests started off the event loop), as User:bob and the
+    // super user.
+    let bob = session("bob");
+    let r = call(&b, &bob, 13, &produce_by_id(ida, &[0], b"bob")).await;
+    assert_eq!(
+        outcome(&r),
+        vec![(ida, vec![(TOPIC_AUTHORIZATION_FAILED, -1)])]
+    );
+    let stranger = Uuid::from_u128(8);
+    let r = call(&b, &bob, 13, &produce_by_id(stranger, &[0], b"?")).await;
+    assert_eq!(outcome(&r), vec![(stranger, vec![(UNKNOWN_TOPIC_ID, -1)])]);
+    let r = call(
+        &b,
+        &session("admin"),
+        13,
+        &produce_by_id(idb, &[0], b"admin"),
+    )
+    .await;
+    assert_eq!(outcome(&r), vec![(idb, vec![(NONE, 0)])]);
+    assert_eq!((end_of(&b, "a", 0), end_of(&b, "b", 0)), (1, 1));
 }
 
 /// The answers to a FindCoordinator of `keys` of `key_type` at `v` (v4+: one per key).

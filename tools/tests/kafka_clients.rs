@@ -355,8 +355,8 @@ fn confluent_kafka_manages_acls_and_a_denied_produce_fails_in_its_delivery_repor
 
 /// confluent-kafka negotiates the new maxima: with librdkafka's protocol debug log on, a
 /// producer and a group consumer send Produce, Fetch and Metadata at the highest version both
-/// sides have (librdkafka 2.16 stops at Produce 10, Fetch 16 and Metadata 13; nvmq serves 11,
-/// 17 and 13), flexible ones all, and Fetch by topic id.
+/// sides have (librdkafka 2.16 stops at Produce 10, Fetch 16 and Metadata 13; nvmq serves 13,
+/// 18 and 13), flexible ones all, and Fetch by topic id.
 #[test]
 fn confluent_kafka_negotiates_the_newest_versions() {
     let _turn = one_at_a_time();
