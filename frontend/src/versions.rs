@@ -122,6 +122,31 @@ mod tests {
         }
     }
 
+    /// What Java 4.1 clients send of these (the codec's requests are generated from Kafka
+    /// 4.1.0's schemas, unstable versions left out) is served whole: a codec upgrade that raises
+    /// one shows up here. (`ApiKey::valid_versions` is not the measure: it says InitProducerId
+    /// 0-6, from the response schema, while the request stops at v5.)
+    #[test]
+    fn the_data_path_apis_reach_the_codecs_newest() {
+        use kafka_protocol::messages::{
+            FetchRequest, FindCoordinatorRequest, InitProducerIdRequest, ProduceRequest,
+        };
+        use kafka_protocol::protocol::Message;
+        let newest = [
+            (ApiKey::Produce, ProduceRequest::VERSIONS.max),
+            (ApiKey::Fetch, FetchRequest::VERSIONS.max),
+            (
+                ApiKey::FindCoordinator,
+                FindCoordinatorRequest::VERSIONS.max,
+            ),
+            (ApiKey::InitProducerId, InitProducerIdRequest::VERSIONS.max),
+        ];
+        assert_eq!(newest.map(|(_, v)| v), [13, 18, 6, 5], "the codec moved");
+        for (key, max) in newest {
+            assert_eq!(lookup(key as i16).map(|a| a.max), Some(max), "{key:?}");
+        }
+    }
+
     #[test]
     fn support_follows_the_table() {
         assert_eq!(support(0, 3), Support::Served);
