@@ -1,6 +1,8 @@
 //! The `nvmq` command.
 #![forbid(unsafe_code)]
 
+mod acl;
+mod acl_flags;
 mod bench;
 mod bench_recovery;
 mod check_storage;
@@ -14,6 +16,7 @@ mod kafka_bench;
 mod logging;
 mod metrics;
 mod mkfs;
+mod offline;
 mod plot;
 mod progress;
 mod readonly;
@@ -83,6 +86,9 @@ enum Command {
     /// Add, remove and list SASL users (SCRAM credentials stored in the log) on a stopped
     /// broker's device.
     User(user::UserArgs),
+    /// Add, remove and list ACL bindings (kept in the log, as CreateAcls keeps them) on a
+    /// stopped broker's device.
+    Acl(acl::AclArgs),
     /// Print the configuration reference (docs/config-reference.md) generated from these flags.
     #[command(hide = true)]
     ConfigReference,
@@ -172,6 +178,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => serve::run(*a),
         Command::KafkaBench(a) => kafka_bench::run(a).map(|()| Status::Ok),
         Command::User(a) => user::run(a),
+        Command::Acl(a) => acl::run(a),
         Command::ConfigReference => {
             print!("{}", reference::render(&Cli::command()));
             Ok(Status::Ok)

@@ -4,16 +4,12 @@
 //! (AlterUserScramCredentials).
 
 use std::io::{BufRead, IsTerminal};
-use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use frontend::sasl::scram::{MAX_ITERATIONS, MIN_ITERATIONS};
 use frontend::sasl::{ScramCredential, ScramMechanism};
-use frontend::Broker;
-use nvmq_log::{Log, LogConfig};
 
-use crate::devspec::DeviceSpec;
-use crate::Status;
+use crate::{offline, Status};
 
 #[derive(clap::Args, Debug, Clone)]
 #[command(after_help = "Examples:\n  \
@@ -64,11 +60,8 @@ pub fn run(args: UserArgs) -> Result<Status> {
         UserAction::Add { name, .. } => Some(read_password(name)?),
         _ => None,
     };
-    let broker = open(&args.device)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting a runtime")?;
+    let broker = offline::open(&args.device)?;
+    let rt = offline::runtime()?;
     match args.action {
         UserAction::Add {
             name,
@@ -124,23 +117,6 @@ pub fn run(args: UserArgs) -> Result<Status> {
 
 fn mechanism_named(s: &str) -> Result<ScramMechanism> {
     ScramMechanism::from_name(s).ok_or_else(|| anyhow!("unknown SCRAM mechanism {s:?}"))
-}
-
-/// Opens the log on `device` (recovering it as serve would) and the broker state over it.
-fn open(device: &str) -> Result<Arc<Broker>> {
-    let spec: DeviceSpec = device.parse()?;
-    if matches!(spec, DeviceSpec::Sim(_)) {
-        bail!("--device {device}: a sim device lives only inside one process; users are kept on a file or NVMe device");
-    }
-    let dev = spec
-        .open(None, |_| Ok(()))
-        .with_context(|| format!("opening {device} (is nvmq serve running on it? stop it first, or use a Kafka admin client against the running broker)"))?;
-    let cfg = LogConfig::default();
-    let (writer, _report) =
-        recovery::open(dev, cfg.clone()).with_context(|| format!("opening the log on {device}"))?;
-    let log = Log::start(writer, cfg.queue_capacity);
-    Broker::open(log, cfg.queue_capacity, frontend::Config::default())
-        .with_context(|| format!("opening the broker state on {device}"))
 }
 
 /// The password: one line of stdin, or typed twice on a terminal (not echoed).

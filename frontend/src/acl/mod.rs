@@ -44,6 +44,8 @@ macro_rules! codes {
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum $name { $($v),* }
         impl $name {
+            /// Every value, in code order (what a command line may name).
+            pub const EVERY: &'static [$name] = &[$($name::$v),*];
             pub fn code(self) -> i8 {
                 match self { $($name::$v => $c),* }
             }
