@@ -45,6 +45,15 @@ pub enum ClusterError {
          and no full state record is retained after it: the vote may be lost, refusing to open"
     )]
     StateLost { group: u32, start: u64 },
+    #[error(
+        "raft group {group}: entries up to {purged} were purged but no retained snapshot covers \
+         them (newest snapshot: {snapshot:?}): the applied state is lost, refusing to open"
+    )]
+    SnapshotLost {
+        group: u32,
+        purged: u64,
+        snapshot: Option<u64>,
+    },
     #[error("raft group {group}: {op}: {why}")]
     Encode {
         group: u32,

@@ -18,6 +18,8 @@ pub struct GroupState {
     pub entries: BTreeMap<u64, Entry>,
     /// The newest state machine snapshot written.
     pub snapshot: Option<(SnapshotMeta, Vec<u8>)>,
+    /// The log's durable position at this group's last checkpoint since open (not a record).
+    pub checkpointed_at: Option<u64>,
     /// Whether a full `State` record was replayed (needed once retention freed older records).
     saw_state: bool,
 }
@@ -141,6 +143,18 @@ impl GroupState {
                 group,
                 start: start_offset,
             });
+        }
+        // openraft purges only what a snapshot covers; without that snapshot the state machine
+        // could not be rebuilt.
+        if let Some(p) = st.purged {
+            let covered = st.snapshot.as_ref().and_then(|(m, _)| m.last_log_id);
+            if covered.is_none_or(|c| c.index < p.index) {
+                return Err(ClusterError::SnapshotLost {
+                    group,
+                    purged: p.index,
+                    snapshot: covered.map(|c| c.index),
+                });
+            }
         }
         // Retention must not have freed entries the log still holds to be there.
         if let (Some(p), Some((&first, _))) = (st.purged, st.entries.iter().next()) {

@@ -47,6 +47,14 @@ impl GroupLog {
         move |source| ClusterError::Log { group, op, source }
     }
 
+    fn encode(&self, rec: &RaftRecord, op: &'static str) -> Result<Vec<u8>, ClusterError> {
+        rec.encode().map_err(|why| ClusterError::Encode {
+            group: self.group,
+            op,
+            why,
+        })
+    }
+
     /// Checks `rec`, applies it to the in-memory state (readers see it at once) and queues it
     /// to the log; `ack` runs once it is durable. Both happen under the state lock, so the log
     /// holds records in the order they were applied.
@@ -56,11 +64,7 @@ impl GroupLog {
         op: &'static str,
         ack: AckFn,
     ) -> Result<(), ClusterError> {
-        let bytes = rec.encode().map_err(|why| ClusterError::Encode {
-            group: self.group,
-            op,
-            why,
-        })?;
+        let bytes = self.encode(&rec, op)?;
         let mut st = self.state();
         st.check(&rec)?;
         self.log
@@ -93,24 +97,63 @@ impl GroupLog {
         }
     }
 
-    /// Restates the group's state (vote, commit, purge point) and its newest snapshot, durably,
-    /// so that they survive the log's retention freeing the records that first held them.
+    /// Restates, durably and in one run of records, everything a replay needs: the newest
+    /// snapshot, the state (vote, commit, purge point) and every live entry. The log frees its
+    /// oldest data when the ring is full; a checkpoint every quarter ring (`checkpoint_due`)
+    /// keeps a whole copy inside what is retained. Replaying it again changes nothing: entries
+    /// re-recorded in order rebuild the same log.
     pub async fn checkpoint(&self) -> Result<(), ClusterError> {
-        let (state, snapshot) = {
-            let st = self.state();
-            (st.state(), st.snapshot.clone())
-        };
-        if let Some((meta, data)) = snapshot {
-            self.write_durable(RaftRecord::Snapshot(meta, data), "re-record snapshot")
-                .await?;
+        let op = "checkpoint";
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut st = self.state();
+            let mut recs = Vec::with_capacity(st.entries.len() + 2);
+            if let Some((meta, data)) = st.snapshot.clone() {
+                recs.push(RaftRecord::Snapshot(meta, data));
+            }
+            recs.push(RaftRecord::State(st.state()));
+            recs.extend(st.entries.values().cloned().map(RaftRecord::Entry));
+            let mut tx = Some(tx);
+            let last = recs.len() - 1;
+            // Queued under the state lock: no other record of the group lands in between.
+            for (i, rec) in recs.into_iter().enumerate() {
+                let bytes = self.encode(&rec, op)?;
+                let tx = if i == last { tx.take() } else { None };
+                let ack: AckFn = Box::new(move |r| {
+                    if let Some(tx) = tx {
+                        let _ = tx.send(r);
+                    }
+                });
+                self.log
+                    .append(self.partition, bytes, ack)
+                    .map_err(self.log_err(op))?;
+                st.apply(rec);
+            }
+            st.checkpointed_at = Some(self.log.durable());
         }
-        self.write_durable(RaftRecord::State(state), "checkpoint state")
-            .await
+        match rx.await {
+            Ok(r) => r.map(|_| ()).map_err(self.log_err(op)),
+            Err(_) => Err(ClusterError::NoAnswer {
+                group: self.group,
+                op,
+            }),
+        }
     }
 
-    /// Entries appended to the log, in memory (tests and diagnostics).
-    pub fn entry_count(&self) -> usize {
-        self.state().entries.len()
+    /// Checkpoints when the log has grown by `every` bytes (a quarter of the ring) since the
+    /// last checkpoint of this group (or it never had one since open). Returns whether it did.
+    pub async fn checkpoint_due(&self, every: u64) -> Result<bool, ClusterError> {
+        let at = self.state().checkpointed_at;
+        let due = at.is_none_or(|a| self.log.durable().saturating_sub(a) >= every);
+        if due {
+            self.checkpoint().await?;
+        }
+        Ok(due)
+    }
+
+    /// A copy of the group's state as its records built it (tests and diagnostics).
+    pub fn current(&self) -> GroupState {
+        self.state().clone()
     }
 }
 

@@ -28,12 +28,31 @@ pub fn format_options() -> FormatOptions {
     }
 }
 
-/// Recovers the log on `dev` (formatting it first when asked) and starts its writer.
-pub fn start(mut dev: SimDevice, format: bool) -> Result<Arc<Log>, String> {
-    if format {
-        nvmq_log::mkfs::format(&mut dev, &format_options()).map_err(|e| format!("format: {e}"))?;
+/// A small ring (1 MiB) that wraps after a few MiB of appends.
+pub fn small_ring() -> (FormatOptions, LogConfig) {
+    let fmt = FormatOptions {
+        window: 64 << 10,
+        max_batch: 16 << 10,
+        log_size: Some(MIB),
+        format_id: None,
+    };
+    let cfg = LogConfig {
+        recovery_lag: 128 << 10,
+        tail_cache_bytes: 0,
+        ..LogConfig::default()
+    };
+    (fmt, cfg)
+}
+
+/// Recovers the log on `dev` (formatting it first when given options) and starts its writer.
+pub fn start(
+    mut dev: SimDevice,
+    format: Option<&FormatOptions>,
+    cfg: &LogConfig,
+) -> Result<Arc<Log>, String> {
+    if let Some(fmt) = format {
+        nvmq_log::mkfs::format(&mut dev, fmt).map_err(|e| format!("format: {e}"))?;
     }
-    let cfg = LogConfig::default();
     let (w, _report) = recovery::open(dev, cfg.clone()).map_err(|e| format!("recover: {e}"))?;
     Ok(Arc::new(Log::start(w, cfg.queue_capacity)))
 }
@@ -42,14 +61,20 @@ pub fn start(mut dev: SimDevice, format: bool) -> Result<Arc<Log>, String> {
 pub struct Node {
     pub handle: SimHandle,
     pub log: Arc<Log>,
+    cfg: LogConfig,
 }
 
 impl Node {
     pub fn new(seed: u64) -> Result<Node, String> {
+        Node::with(seed, &format_options(), LogConfig::default())
+    }
+
+    pub fn with(seed: u64, fmt: &FormatOptions, cfg: LogConfig) -> Result<Node, String> {
         let (dev, handle) = sim(seed);
         Ok(Node {
-            log: start(dev, true)?,
+            log: start(dev, Some(fmt), &cfg)?,
             handle,
+            cfg,
         })
     }
 
@@ -61,12 +86,13 @@ impl Node {
     /// powers on and recovers. The caller must have dropped the group's stores.
     pub fn power_cycle(self) -> Result<Node, String> {
         self.handle.power_cut();
-        let Node { handle, log } = self;
+        let Node { handle, log, cfg } = self;
         drop(log);
         let dev = handle.power_on();
         Ok(Node {
-            log: start(dev, false)?,
+            log: start(dev, None, &cfg)?,
             handle,
+            cfg,
         })
     }
 }
