@@ -1,6 +1,8 @@
 //! Sim devices with a running log under a Raft group, and power cycles of them.
 #![allow(dead_code)]
 
+pub mod net;
+
 use std::sync::Arc;
 use std::time::Duration;
 
