@@ -51,6 +51,8 @@ pub struct Log {
     thread: Option<JoinHandle<()>>,
     geo: Geometry,
     max_payload: usize,
+    /// When acks go out: a Raft store must refuse a log that acks before the covering flush.
+    flush: FlushMode,
     /// Tells the background index rebuild to give up (at shutdown).
     cancel: Arc<AtomicBool>,
 }
@@ -116,6 +118,7 @@ impl Log {
         let scrub_rate = writer.config().scrub_rate;
         let geo = writer.geometry();
         let max_payload = writer.max_payload();
+        let flush = writer.config().flush;
         let cancel = Arc::new(AtomicBool::new(false));
         if let Some(job) = backfill {
             spawn_backfill(job, queue.clone(), cancel.clone());
@@ -137,6 +140,7 @@ impl Log {
             thread: None,
             geo,
             max_payload,
+            flush,
             cancel,
         };
         (log, hosted)
@@ -374,6 +378,11 @@ impl Log {
 
     pub fn max_payload(&self) -> usize {
         self.max_payload
+    }
+
+    /// When this log acknowledges appends (only `Always` waits for the covering flush).
+    pub fn flush_mode(&self) -> FlushMode {
+        self.flush
     }
 
     /// Asks the writer to finish what it holds and stop, without waiting (a hosted writer's owner

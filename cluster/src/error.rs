@@ -1,0 +1,71 @@
+//! Errors of the Raft storage, each naming the operation and what was wrong.
+
+use nvmq_log::LogError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("raft group {group}: {op}: {source}")]
+    Log {
+        group: u32,
+        op: &'static str,
+        #[source]
+        source: LogError,
+    },
+    #[error(
+        "raft group {group}: the log acknowledges appends before their flush (flush mode {mode}); \
+         a Raft store needs flush = always"
+    )]
+    RelaxedFlush { group: u32, mode: String },
+    #[error("raft group {group}: record at offset {offset} is not a valid raft record: {why}")]
+    BadRecord {
+        group: u32,
+        offset: u64,
+        why: String,
+    },
+    #[error(
+        "raft group {group}: asked to drop entries after index {after:?}, below the committed \
+         index {committed}; committed entries are never truncated (fatal)"
+    )]
+    TruncateCommitted {
+        group: u32,
+        after: Option<u64>,
+        committed: u64,
+    },
+    #[error(
+        "raft group {group}: entry {index} does not follow the last entry {last:?} (a hole in \
+         the log)"
+    )]
+    Hole {
+        group: u32,
+        index: u64,
+        last: Option<u64>,
+    },
+    #[error(
+        "raft group {group}: the log's retention freed the group's records below offset {start} \
+         and no full state record is retained after it: the vote may be lost, refusing to open"
+    )]
+    StateLost { group: u32, start: u64 },
+    #[error(
+        "raft group {group}: entries up to {purged} were purged but no retained snapshot covers \
+         them (newest snapshot: {snapshot:?}): the applied state is lost, refusing to open"
+    )]
+    SnapshotLost {
+        group: u32,
+        purged: u64,
+        snapshot: Option<u64>,
+    },
+    #[error("raft group {group}: {op}: {why}")]
+    Encode {
+        group: u32,
+        op: &'static str,
+        why: String,
+    },
+    #[error("raft group {group}: {op}: the log writer stopped before answering")]
+    NoAnswer { group: u32, op: &'static str },
+}
+
+impl From<ClusterError> for std::io::Error {
+    fn from(e: ClusterError) -> std::io::Error {
+        std::io::Error::other(e)
+    }
+}
