@@ -311,3 +311,75 @@ fn creations_are_checked_as_kafka_checks_them() {
     })
     .is_ok());
 }
+
+/// KIP-679's "Write on any topic": Kafka's `authorizeByResourceType` cases.
+#[test]
+fn some_topic_writable_is_decided_as_kafka_decides_it() {
+    let allow = |name: &str, kind| bind(Topic, name, kind, "User:alice", "*", Write, Allow);
+    let deny = |name: &str, kind| bind(Topic, name, kind, "User:alice", "*", Write, Deny);
+    let some = |bs: Vec<Binding>| Acls::from_bindings(bs).allows_some(&alice(), HERE, Write, Topic);
+    assert!(!some(vec![]), "no binding: denied");
+    assert!(some(vec![allow("orders", Literal)]));
+    assert!(some(vec![allow("ord", Prefixed)]));
+    assert!(some(vec![allow("*", Literal)]));
+    assert!(some(vec![bind(
+        Topic,
+        "orders",
+        Literal,
+        "User:alice",
+        "*",
+        All,
+        Allow
+    )]));
+    // Only Write and All count: Read (which implies nothing about Write) does not.
+    assert!(!some(vec![bind(
+        Topic,
+        "orders",
+        Literal,
+        "User:alice",
+        "*",
+        Read,
+        Allow
+    )]));
+    // Another principal's, another resource type's, another host's.
+    assert!(!some(vec![bind(
+        Topic, "orders", Literal, "User:bob", "*", Write, Allow
+    )]));
+    assert!(!some(vec![bind(
+        Group,
+        "orders",
+        Literal,
+        "User:alice",
+        "*",
+        Write,
+        Allow
+    )]));
+    assert!(!some(vec![bind(
+        Topic,
+        "orders",
+        Literal,
+        "User:alice",
+        "10.9.9.9",
+        Write,
+        Allow
+    )]));
+    assert!(some(vec![bind(
+        Topic, "orders", Literal, "User:*", "*", Write, Allow
+    )]));
+    // Denies that cover every allowed name win; one that leaves some name allowed does not.
+    assert!(!some(vec![
+        allow("orders", Literal),
+        deny("orders", Literal)
+    ]));
+    assert!(!some(vec![allow("orders", Literal), deny("ord", Prefixed)]));
+    assert!(!some(vec![
+        allow("orders-eu", Prefixed),
+        deny("orders", Prefixed)
+    ]));
+    assert!(!some(vec![allow("*", Literal), deny("*", Literal)]));
+    assert!(some(vec![allow("ord", Prefixed), deny("orders", Literal)]));
+    assert!(some(vec![
+        allow("orders", Literal),
+        deny("payments", Prefixed)
+    ]));
+}
