@@ -35,6 +35,7 @@ pub(crate) async fn handshake(
     tls: &Tls,
     stream: TcpStream,
     peer: Option<SocketAddr>,
+    offload: crate::offload::Offload,
 ) -> Option<(TlsStream<TcpStream>, Arc<Session>)> {
     let acceptor = TlsAcceptor::from(tls.current());
     let done = tokio::time::timeout(tls.handshake_timeout(), acceptor.accept(stream)).await;
@@ -53,7 +54,7 @@ pub(crate) async fn handshake(
             return None;
         }
     };
-    let session = Session::new(peer);
+    let session = Session::offloading(peer, Some(offload));
     if tls.requires_client_cert() {
         // The verifier has checked the chain: the first certificate is the client's.
         let named = stream
