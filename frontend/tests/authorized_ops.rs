@@ -13,7 +13,6 @@ use frontend::acl::operations::{decode, supported, NOT_REQUESTED};
 use frontend::acl::{Operation, Operation::*, ResourceType};
 use frontend::client::record_batch;
 use frontend::codes::*;
-use frontend::session::Principal;
 use frontend::{Broker, Config};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
@@ -22,14 +21,6 @@ use kafka_protocol::protocol::StrBytes;
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
-}
-
-fn authorizing() -> Config {
-    Config {
-        authorizer: true,
-        super_users: vec![Principal::user("admin")],
-        ..Config::default()
-    }
 }
 
 /// What `who` is told it may do on topic `t`, the cluster (Metadata v10), group `g`, and the

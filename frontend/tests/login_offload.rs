@@ -4,8 +4,7 @@
 
 mod common;
 
-use std::future::Future;
-use std::time::Duration;
+use common::{until, within};
 
 use frontend::client::Client;
 use frontend::codes::{NONE, SASL_AUTHENTICATION_FAILED};
@@ -15,26 +14,6 @@ use kafka_protocol::messages::{
     ApiVersionsRequest, MetadataRequest, SaslAuthenticateRequest, SaslHandshakeRequest,
 };
 use kafka_protocol::protocol::StrBytes;
-
-/// Only to tell a stalled broker from a working one: a working one answers at once.
-const STALL: Duration = Duration::from_secs(30);
-
-async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(STALL, f).await {
-        Ok(v) => v,
-        Err(_) => panic!("{what}"),
-    }
-}
-
-/// Waits until `cond` holds (it must come about without anything more from the test).
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    within(what, async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-}
 
 /// Releases the gate when the test ends, passing or not: the pool's threads must not stay held.
 struct Released(CheckGate);

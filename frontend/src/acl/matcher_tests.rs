@@ -322,50 +322,19 @@ fn some_topic_writable_is_decided_as_kafka_decides_it() {
     assert!(some(vec![allow("orders", Literal)]));
     assert!(some(vec![allow("ord", Prefixed)]));
     assert!(some(vec![allow("*", Literal)]));
-    assert!(some(vec![bind(
-        Topic,
-        "orders",
-        Literal,
-        "User:alice",
-        "*",
-        All,
-        Allow
-    )]));
-    // Only Write and All count: Read (which implies nothing about Write) does not.
-    assert!(!some(vec![bind(
-        Topic,
-        "orders",
-        Literal,
-        "User:alice",
-        "*",
-        Read,
-        Allow
-    )]));
-    // Another principal's, another resource type's, another host's.
-    assert!(!some(vec![bind(
-        Topic, "orders", Literal, "User:bob", "*", Write, Allow
-    )]));
-    assert!(!some(vec![bind(
-        Group,
-        "orders",
-        Literal,
-        "User:alice",
-        "*",
-        Write,
-        Allow
-    )]));
-    assert!(!some(vec![bind(
-        Topic,
-        "orders",
-        Literal,
-        "User:alice",
-        "10.9.9.9",
-        Write,
-        Allow
-    )]));
-    assert!(some(vec![bind(
-        Topic, "orders", Literal, "User:*", "*", Write, Allow
-    )]));
+    // One Allow of literal topic "orders": only Write and All count (Read implies nothing
+    // about Write); another principal's, resource type's or host's does not.
+    for (rt, who, host, op, want) in [
+        (Topic, "User:alice", "*", All, true),
+        (Topic, "User:*", "*", Write, true),
+        (Topic, "User:alice", "*", Read, false),
+        (Topic, "User:bob", "*", Write, false),
+        (Group, "User:alice", "*", Write, false),
+        (Topic, "User:alice", "10.9.9.9", Write, false),
+    ] {
+        let b = bind(rt, "orders", Literal, who, host, op, Allow);
+        assert_eq!(some(vec![b]), want, "{rt:?} {who} {host} {op:?}");
+    }
     // Denies that cover every allowed name win; one that leaves some name allowed does not.
     assert!(!some(vec![
         allow("orders", Literal),

@@ -130,7 +130,14 @@ mod tests {
             TlsConnector::from(config).connect(name, s).await
         });
         let (s, peer) = listener.accept().await.expect("accept");
-        let (_, session) = handshake(&tls, s, Some(peer)).await.expect("handshake");
+        let (_, session) = handshake(
+            &tls,
+            s,
+            Some(peer),
+            crate::offload::Offload::new(|task| task()),
+        )
+        .await
+        .expect("handshake");
         connecting.await.expect("client task").expect("client side");
         session
     }
