@@ -186,8 +186,9 @@ impl Acls {
         }
         wildcard
             || allowed.into_iter().any(|(kind, name)| {
-                !(kind == PatternType::Literal && denied_literal.contains(&name))
-                    && !denied_prefix.iter().any(|p| name.starts_with(p))
+                let denied = (kind == PatternType::Literal && denied_literal.contains(&name))
+                    || denied_prefix.iter().any(|p| name.starts_with(p));
+                !denied
             })
     }
 
