@@ -23,7 +23,7 @@ use kafka_protocol::protocol::StrBytes;
 use nvmq_log::LogError;
 use uuid::Uuid;
 
-use crate::acl::{check, Operation};
+use crate::acl::{check, operations, Operation, ResourceType};
 use crate::broker::{valid_topic_name, Broker};
 use crate::codes;
 use crate::conn::{Ctx, Reply};
@@ -37,8 +37,6 @@ const CLUSTER_ID: &str = "nvmq";
 /// `init_transactions()` fails at once instead of waiting out its timeout.
 const NO_TRANSACTIONS: &str =
     "nvmq does not support transactions: unset transactional.id (idempotence works without it)";
-/// DescribeCluster's cluster_authorized_operations when the client did not ask for them.
-const OPERATIONS_NOT_REQUESTED: i32 = i32::MIN;
 /// DescribeCluster's endpoint types: brokers (1); controllers (2) are not served apart.
 const ENDPOINT_BROKERS: i8 = 1;
 /// Partitions one CreateTopics may ask for per topic: each is created durably (a flush apiece).
@@ -157,8 +155,9 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
         resp.cluster_id = Some(StrBytes::from_static_str(CLUSTER_ID));
     }
     resp.controller_id = BrokerId(if ctx.version >= 1 { NODE_ID } else { -1 });
-    if req.include_cluster_authorized_operations {
-        resp.cluster_authorized_operations = CLUSTER_OPERATIONS;
+    // The field is in v8-10 only (v11 moved it to DescribeCluster).
+    if req.include_cluster_authorized_operations && (8..=10).contains(&ctx.version) {
+        resp.cluster_authorized_operations = operations::cluster(b, ctx);
     }
     let topics = b.topics();
     for (n, asked_id, code) in names {
@@ -168,8 +167,11 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
             // The id of the topic now under that name (nil when there is none).
             t.topic_id = n.as_deref().and_then(|n| topics.id(n)).unwrap_or(asked_id);
         }
-        if code == codes::NONE && req.include_topic_authorized_operations {
-            t.topic_authorized_operations = TOPIC_OPERATIONS;
+        if code == codes::NONE && req.include_topic_authorized_operations && ctx.version >= 8 {
+            if let Some(n) = n.as_deref() {
+                t.topic_authorized_operations =
+                    operations::authorized(b, ctx, ResourceType::Topic, n);
+            }
         }
         if code == codes::NONE {
             let count = n
@@ -192,24 +194,9 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
     ctx.ready(&resp)
 }
 
-/// What a principal may do, as Metadata v8+ report it when asked (a bit per Kafka AclOperation
-/// code). Without ACLs every client may do everything.
-const TOPIC_OPERATIONS: i32 = ops(&[3, 4, 5, 6, 7, 8, 10, 11]); // read … alter configs
-const CLUSTER_OPERATIONS: i32 = ops(&[5, 7, 8, 9, 10, 11, 12]); // create … idempotent write
-
-const fn ops(codes: &[u8]) -> i32 {
-    let mut bits = 0i32;
-    let mut i = 0;
-    while i < codes.len() {
-        bits |= 1 << codes[i];
-        i += 1;
-    }
-    bits
-}
-
-/// This broker, the cluster (the id Metadata gives), and the controller: this node. Authorized
-/// operations are reported as not requested (-2147483648) even when asked: nvmq has no ACLs
-/// to report from, and "every operation" would be a claim it cannot back.
+/// This broker, the cluster (the id Metadata gives), and the controller: this node; with the
+/// operations the principal may do on the cluster when asked (KIP-430). v2's fenced brokers:
+/// a single broker is never fenced, so the answer is the same with or without them.
 pub fn describe_cluster(b: &Arc<Broker>, ctx: &Ctx, req: DescribeClusterRequest) -> Reply {
     let mut resp = DescribeClusterResponse::default();
     resp.endpoint_type = ENDPOINT_BROKERS;
@@ -228,7 +215,11 @@ pub fn describe_cluster(b: &Arc<Broker>, ctx: &Ctx, req: DescribeClusterRequest)
     broker.host = StrBytes::from_string(b.cfg.advertise_host.clone());
     broker.port = b.cfg.advertise_port;
     resp.brokers = vec![broker];
-    resp.cluster_authorized_operations = OPERATIONS_NOT_REQUESTED;
+    resp.cluster_authorized_operations = if req.include_cluster_authorized_operations {
+        operations::cluster(b, ctx)
+    } else {
+        operations::NOT_REQUESTED
+    };
     ctx.ready(&resp)
 }
 
@@ -542,7 +533,7 @@ pub fn init_producer_id(b: &Arc<Broker>, ctx: &Ctx, req: InitProducerIdRequest) 
             resp.error_code = codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
         } else if named.0 != named.1 {
             resp.error_code = codes::INVALID_REQUEST;
-        } else if !check::cluster(&b, &ctx, Operation::IdempotentWrite) {
+        } else if !check::idempotent_producer(&b, &ctx) {
             resp.error_code = codes::CLUSTER_AUTHORIZATION_FAILED;
         } else {
             match b.new_producer_id().await {

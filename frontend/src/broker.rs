@@ -8,193 +8,26 @@ use std::time::Duration;
 
 use nvmq_log::{Appended, Log, LogError};
 use tokio::sync::{oneshot, watch, Semaphore};
-use uuid::Uuid;
 
 use crate::groups::Groups;
-use crate::meta::{MetaRecord, META_TOPIC, OFFSETS_TOPIC};
+use crate::meta::MetaRecord;
 use crate::offsets::Offsets;
 use crate::part::{self, PartRef};
 use crate::producer_snapshots;
 use crate::producers::{self as producers_mod, Producers};
 use crate::startup;
 use crate::topic_config::TopicConfigs;
-use crate::topic_ids;
 use crate::FrontendError;
 
+mod config;
+mod credentials;
+mod security;
 mod topic_state;
+mod topics;
+pub use config::Config;
 pub use topic_state::Raised;
 use topic_state::TopicState;
-
-/// How the broker presents itself and what it allows.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Host and port written into Metadata and FindCoordinator answers: clients reconnect there.
-    pub advertise_host: String,
-    pub advertise_port: i32,
-    /// Create unknown topics named in Metadata requests (when the client allows it).
-    pub auto_create_topics: bool,
-    /// Partitions of an auto-created topic, or of CreateTopics asking for the default.
-    pub default_partitions: u32,
-    /// Largest request frame read; a larger one closes the connection.
-    pub max_frame: usize,
-    /// Requests one connection may have decoded but not yet answered.
-    pub max_in_flight_per_connection: usize,
-    /// A connection with nothing in flight that sends nothing for this long is closed (Kafka's
-    /// connections.max.idle.ms); it also bounds a client that stops halfway through a frame.
-    pub idle_timeout: std::time::Duration,
-    /// Bytes one connection may hold: requests read and not yet answered plus answers not yet
-    /// sent. Past it the connection reads nothing more until its client takes its answers (a
-    /// connection holding nothing may always start one request, so a frame up to `max_frame`
-    /// still goes through).
-    pub max_connection_bytes: usize,
-    /// The same bytes over all connections (Kafka's queued.max.request.bytes): past it only a
-    /// connection holding nothing starts a request (one that does not read cannot stall the
-    /// others), past twice it none, until some are answered and sent.
-    pub max_queued_bytes: usize,
-    /// Largest Fetch answer, whatever the request's max_bytes (Kafka's broker fetch.max.bytes).
-    pub fetch_max_bytes: usize,
-    /// Connections open at once, in total and from one client address; one more is closed at
-    /// once (Kafka's max.connections and max.connections.per.ip).
-    pub max_connections: usize,
-    pub max_connections_per_ip: usize,
-    /// A connection whose answers have waited this long for its client to read them is closed.
-    pub write_timeout: std::time::Duration,
-    /// An idempotent producer not seen for this long is forgotten (Kafka's
-    /// producer.id.expiration.ms); a later batch of it is taken as from a new producer.
-    pub producer_id_expiration: Duration,
-    /// A group with no members that commits nothing for this long is deleted with its offsets
-    /// (Kafka's offsets.retention.minutes).
-    pub offsets_retention: Duration,
-    /// Benchmark ceiling: Produce is decoded and its batches checked as always, then answered at
-    /// once without touching the log (nothing is stored). What the request/response path alone
-    /// allows on this machine; never for real use.
-    pub ceiling: bool,
-    /// Largest number of bytes the records of one compressed batch may decompress to (they are
-    /// decompressed to be checked); a batch yielding more is refused with MESSAGE_TOO_LARGE.
-    pub max_uncompressed_batch: usize,
-    /// Check every request against the ACLs (`acl`); off, everything is allowed and the ACL
-    /// APIs answer SECURITY_DISABLED.
-    pub authorizer: bool,
-    /// Principals the authorizer lets do anything.
-    pub super_users: Vec<crate::session::Principal>,
-    /// SASL: the mechanisms offered (none: no authentication) and the session lifetime.
-    pub sasl: crate::sasl::SaslConfig,
-    /// What each device is called (its spec) in DescribeLogDirs; "device-<i>" when missing.
-    pub log_dirs: Vec<String>,
-    /// Settings of the process around the broker (serve's flags) that DescribeConfigs lists
-    /// for the broker, read-only: (name, value, whether it is the default).
-    pub settings: Vec<(String, String, bool)>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            advertise_host: "127.0.0.1".into(),
-            advertise_port: 9092,
-            auto_create_topics: true,
-            default_partitions: 1,
-            max_frame: 64 << 20,
-            max_in_flight_per_connection: 1024,
-            idle_timeout: Duration::from_secs(600),
-            max_connection_bytes: 64 << 20,
-            max_queued_bytes: 256 << 20,
-            fetch_max_bytes: 32 << 20,
-            max_connections: 16_384,
-            max_connections_per_ip: 4_096,
-            write_timeout: Duration::from_secs(60),
-            producer_id_expiration: crate::producers::DEFAULT_EXPIRATION,
-            offsets_retention: Duration::from_secs(7 * 24 * 3600),
-            ceiling: false,
-            max_uncompressed_batch: crate::records::DEFAULT_MAX_UNCOMPRESSED,
-            authorizer: false,
-            super_users: Vec::new(),
-            sasl: crate::sasl::SaslConfig::default(),
-            log_dirs: Vec::new(),
-            settings: Vec::new(),
-        }
-    }
-}
-
-/// Longest Kafka topic name nvmq takes: the log allows 249 bytes and a re-created topic's log
-/// name carries a `#<incarnation>` suffix.
-pub const MAX_TOPIC_NAME: usize = 240;
-
-/// Kafka's topic name rule, plus nvmq's shorter limit and its reserved internal names.
-pub fn valid_topic_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_TOPIC_NAME
-        && name != "."
-        && name != ".."
-        && name != META_TOPIC
-        && name != OFFSETS_TOPIC
-        && name
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || c == b'.' || c == b'_' || c == b'-')
-}
-
-/// Topic name → its partitions (device and log partition id) by partition index.
-#[derive(Debug, Default)]
-pub struct Topics {
-    pub map: BTreeMap<String, Vec<PartRef>>,
-    /// How often each name was deleted: the log name of its current incarnation.
-    incarnation: HashMap<String, u32>,
-    /// Each live topic's id (`topic_ids`), both ways: requests name topics by id too.
-    ids: HashMap<String, Uuid>,
-    names: HashMap<Uuid, String>,
-}
-
-impl Topics {
-    fn new(map: BTreeMap<String, Vec<PartRef>>, incarnation: HashMap<String, u32>) -> Topics {
-        let mut t = Topics {
-            map: BTreeMap::new(),
-            incarnation,
-            ids: HashMap::new(),
-            names: HashMap::new(),
-        };
-        for (name, parts) in map {
-            t.insert(name, parts);
-        }
-        t
-    }
-
-    fn insert(&mut self, name: String, parts: Vec<PartRef>) {
-        let id = topic_ids::of(&self.log_name(&name));
-        self.ids.insert(name.clone(), id);
-        self.names.insert(id, name.clone());
-        self.map.insert(name, parts);
-    }
-
-    /// Takes a deleted topic out; `incarnation`: how often its name has been deleted now.
-    fn remove(&mut self, name: &str, incarnation: u32) {
-        self.map.remove(name);
-        if let Some(id) = self.ids.remove(name) {
-            self.names.remove(&id);
-        }
-        self.incarnation.insert(name.to_string(), incarnation);
-    }
-
-    /// A live topic's id.
-    pub fn id(&self, name: &str) -> Option<Uuid> {
-        self.ids.get(name).copied()
-    }
-
-    /// The live topic with id `id`.
-    pub fn name_of(&self, id: &Uuid) -> Option<&str> {
-        self.names.get(id).map(String::as_str)
-    }
-
-    fn log_name(&self, name: &str) -> String {
-        match self.incarnation.get(name).copied().unwrap_or(0) {
-            0 => name.to_string(),
-            k => format!("{name}#{k}"),
-        }
-    }
-
-    pub fn partition(&self, topic: &str, index: i32) -> Option<PartRef> {
-        let idx = usize::try_from(index).ok()?;
-        self.map.get(topic)?.get(idx).copied()
-    }
-}
+pub use topics::{valid_topic_name, Topics, MAX_TOPIC_NAME};
 
 /// How the idempotent producers' state was rebuilt at start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -346,11 +179,6 @@ impl Broker {
         });
         b.refresh_limits();
         Ok(b)
-    }
-
-    /// The authorizer and its ACLs.
-    pub fn acl(&self) -> &crate::acl::Authorizer {
-        &self.acl
     }
 
     /// How the broker was configured.
@@ -822,16 +650,11 @@ impl Broker {
                 .into_iter()
                 .map(|(group, generation)| MetaRecord::Generation { group, generation }),
         );
-        // Held until the records are queued: a credential change recorded meanwhile must land
-        // after them, or a replay would undo it.
-        let credentials_in_order = self.credentials.write.lock().await;
-        meta.extend(self.credentials.records());
         let mut waits = Vec::new();
         for r in &meta {
             waits.push(self.append(self.meta_partition, r.encode(), 1).await?);
         }
-        drop(credentials_in_order);
-        self.acl.queue_snapshot(self, &mut waits).await?;
+        self.queue_security_snapshot(&mut waits).await?;
         // A group's commits go in records cut by size to fit the log's largest payload: their
         // metadata may take up to 4 KiB each.
         let max = self.log().max_payload();
@@ -875,4 +698,4 @@ impl Drop for Broker {
     }
 }
 
-type AppendWait = oneshot::Receiver<Result<Appended, LogError>>;
+pub(crate) type AppendWait = oneshot::Receiver<Result<Appended, LogError>>;

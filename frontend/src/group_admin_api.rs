@@ -17,21 +17,23 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
-use crate::acl::{check, Operation};
+use crate::acl::{check, operations, Operation, ResourceType};
 use crate::broker::Broker;
 use crate::codes;
 use crate::conn::{Ctx, Reply};
 
-/// DescribeGroups' authorized_operations when the client did not ask for them.
-const OPERATIONS_NOT_REQUESTED: i32 = i32::MIN;
+/// The only group type nvmq has (KIP-848's consumer groups are not served): what ListGroups v5
+/// reports and its types filter matches.
+const GROUP_TYPE: &str = "classic";
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
-/// Kafka's state names, as ListGroups v4's filter takes them (case-insensitively).
-fn state_matches(filter: &[StrBytes], state: &str) -> bool {
-    filter.is_empty() || filter.iter().any(|f| f.eq_ignore_ascii_case(state))
+/// Whether ListGroups' filter (v4's states, v5's types) takes `value`: Kafka compares
+/// case-insensitively, and an empty filter takes everything.
+fn state_matches(filter: &[StrBytes], value: &str) -> bool {
+    filter.is_empty() || filter.iter().any(|f| f.eq_ignore_ascii_case(value))
 }
 
 pub fn list_groups(b: &Arc<Broker>, ctx: &Ctx, req: ListGroupsRequest) -> Reply {
@@ -41,13 +43,14 @@ pub fn list_groups(b: &Arc<Broker>, ctx: &Ctx, req: ListGroupsRequest) -> Reply 
         .list_groups()
         .into_iter()
         .filter(|g| state_matches(&req.states_filter, g.state))
+        .filter(|_| state_matches(&req.types_filter, GROUP_TYPE))
         .filter(|g| all || check::group(b, ctx, Operation::Describe, &g.name))
         .map(|g| {
             let mut l = ListedGroup::default();
             l.group_id = GroupId(s(&g.name));
             l.protocol_type = s(&g.protocol_type);
             l.group_state = s(g.state);
-            l.group_type = s("classic");
+            l.group_type = s(GROUP_TYPE);
             l
         })
         .collect();
@@ -59,11 +62,21 @@ pub fn describe_groups(b: &Arc<Broker>, ctx: &Ctx, req: DescribeGroupsRequest) -
     for name in req.groups {
         let mut d = DescribedGroup::default();
         d.group_id = name.clone();
-        d.authorized_operations = OPERATIONS_NOT_REQUESTED;
+        d.authorized_operations = operations::NOT_REQUESTED;
         if !check::group(b, ctx, Operation::Describe, name.as_str()) {
             d.error_code = codes::GROUP_AUTHORIZATION_FAILED;
+            if ctx.version >= 6 {
+                d.error_message = Some(s(&format!(
+                    "not authorized to describe group {}",
+                    name.as_str()
+                )));
+            }
             resp.groups.push(d);
             continue;
+        }
+        if req.include_authorized_operations {
+            d.authorized_operations =
+                operations::authorized(b, ctx, ResourceType::Group, name.as_str());
         }
         match b.groups.describe(name.as_str()) {
             Some(v) => {
@@ -87,8 +100,14 @@ pub fn describe_groups(b: &Arc<Broker>, ctx: &Ctx, req: DescribeGroupsRequest) -
             }
             // A group holding only offsets: Empty, as Kafka shows a group of assign() consumers.
             None if b.offsets.has_group(name.as_str()) => d.group_state = s("Empty"),
-            // No such group: Dead (GROUP_ID_NOT_FOUND from v6 on, which nvmq does not serve).
-            None => d.group_state = s("Dead"),
+            // No such group: Dead, and from v6 on (KIP-1043) GROUP_ID_NOT_FOUND too.
+            None => {
+                d.group_state = s("Dead");
+                if ctx.version >= 6 {
+                    d.error_code = codes::GROUP_ID_NOT_FOUND;
+                    d.error_message = Some(s(&format!("group {} not found", name.as_str())));
+                }
+            }
         }
         resp.groups.push(d);
     }

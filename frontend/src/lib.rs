@@ -21,6 +21,7 @@ pub mod group_api;
 pub mod groups;
 pub mod log_api;
 pub mod meta;
+pub mod offload;
 pub mod offsets;
 pub mod part;
 pub mod produce;

@@ -72,11 +72,22 @@ pub struct Session {
     admitted_until: AtomicU64,
     /// The SASL exchange in progress (mechanism chosen, SCRAM's first messages).
     pub(crate) sasl: Mutex<SaslState>,
+    /// Where its slow authentication work runs (None: on the caller's thread).
+    offload: Option<crate::offload::Offload>,
 }
 
 impl Session {
     /// A connection that is anonymous until TLS or SASL names it.
     pub fn new(peer: Option<SocketAddr>) -> Arc<Session> {
+        Session::offloading(peer, None)
+    }
+
+    /// A connection whose slow authentication work (PLAIN's password derivation) runs on
+    /// `offload`, off the event loop serving it.
+    pub fn offloading(
+        peer: Option<SocketAddr>,
+        offload: Option<crate::offload::Offload>,
+    ) -> Arc<Session> {
         Arc::new(Session {
             peer,
             identity: Mutex::new(Identity {
@@ -87,6 +98,7 @@ impl Session {
             opened: Instant::now(),
             admitted_until: AtomicU64::new(0),
             sasl: Mutex::new(SaslState::default()),
+            offload,
         })
     }
 
@@ -124,6 +136,10 @@ impl Session {
 
     pub fn identity(&self) -> MutexGuard<'_, Identity> {
         crate::broker::lock(&self.identity)
+    }
+
+    pub fn offload(&self) -> Option<&crate::offload::Offload> {
+        self.offload.as_ref()
     }
 
     pub fn principal(&self) -> Principal {

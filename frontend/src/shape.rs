@@ -437,8 +437,11 @@ fn walk(api: ApiKey, v: i16, w: &mut Walk<'_>) -> R {
             })
         }
         ApiKey::ListGroups => {
-            if v >= 4 {
-                w.array(false, |w| w.string(false))?;
+            // v4's states filter, then v5's types filter.
+            for since in [4, 5] {
+                if v >= since {
+                    w.array(false, |w| w.string(false))?;
+                }
             }
             Ok(())
         }
@@ -458,9 +461,12 @@ fn walk(api: ApiKey, v: i16, w: &mut Walk<'_>) -> R {
             })
         }
         ApiKey::DescribeCluster => {
-            w.i8()?;
-            if v >= 1 {
-                w.i8()?;
+            // include_cluster_authorized_operations, v1's endpoint type, v2's
+            // include_fenced_brokers.
+            for since in [0, 1, 2] {
+                if v >= since {
+                    w.i8()?;
+                }
             }
             Ok(())
         }

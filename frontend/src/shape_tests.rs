@@ -422,6 +422,9 @@ fn sample(api: ApiKey, v: i16) -> Option<Vec<u8>> {
             if v >= 4 {
                 r.states_filter = vec![st("Stable"), st("Empty")];
             }
+            if v >= 5 {
+                r.types_filter = vec![st("classic"), st("consumer")];
+            }
             r.unknown_tagged_fields = extra;
             r.encode(&mut b, v)
         }
@@ -453,6 +456,7 @@ fn sample(api: ApiKey, v: i16) -> Option<Vec<u8>> {
             let mut r = DescribeClusterRequest::default();
             r.include_cluster_authorized_operations = true;
             r.endpoint_type = 1;
+            r.include_fenced_brokers = v >= 2;
             r.unknown_tagged_fields = extra;
             r.encode(&mut b, v)
         }

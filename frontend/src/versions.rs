@@ -67,11 +67,11 @@ pub const TABLE: &[ApiRange] = &[
     api(ApiKey::DescribeLogDirs, 1, 4),
     api(ApiKey::IncrementalAlterConfigs, 0, 1),
     api(ApiKey::OffsetForLeaderEpoch, 2, 4),
-    api(ApiKey::DescribeGroups, 0, 5),
-    api(ApiKey::ListGroups, 0, 4),
+    api(ApiKey::DescribeGroups, 0, 6),
+    api(ApiKey::ListGroups, 0, 5),
     api(ApiKey::DeleteGroups, 0, 2),
     api(ApiKey::OffsetDelete, 0, 0),
-    api(ApiKey::DescribeCluster, 0, 1),
+    api(ApiKey::DescribeCluster, 0, 2),
 ];
 
 /// How a request's (key, version) stands against the table.

@@ -19,14 +19,6 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
-fn authorizing() -> Config {
-    Config {
-        authorizer: true,
-        super_users: vec![Principal::user("admin")],
-        ..Config::default()
-    }
-}
-
 fn creation(rt: i8, name: &str, pattern: i8, who: &str, op: i8, perm: i8) -> AclCreation {
     let mut c = AclCreation::default();
     c.resource_type = rt;

@@ -27,14 +27,6 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
-fn authorizing() -> Config {
-    Config {
-        authorizer: true,
-        super_users: vec![frontend::session::Principal::user("admin")],
-        ..Config::default()
-    }
-}
-
 /// One batch to each of `parts` of topic `t`.
 fn produce(t: &str, parts: &[i32]) -> ProduceRequest {
     let mut td = TopicProduceData::default();

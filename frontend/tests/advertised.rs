@@ -458,6 +458,9 @@ async fn check(addr: SocketAddr, key: i16, v: i16) -> Result<(), String> {
             if v >= 4 {
                 r.states_filter = vec![s("Stable"), s("Empty")];
             }
+            if v >= 5 {
+                r.types_filter = vec![s("classic")];
+            }
             answered(addr, v, &r).await
         }
         ApiKey::DescribeGroups => {
@@ -484,6 +487,7 @@ async fn check(addr: SocketAddr, key: i16, v: i16) -> Result<(), String> {
             let mut r = DescribeClusterRequest::default();
             r.include_cluster_authorized_operations = true;
             r.endpoint_type = 1;
+            r.include_fenced_brokers = v >= 2;
             answered(addr, v, &r).await
         }
         ApiKey::OffsetForLeaderEpoch => {

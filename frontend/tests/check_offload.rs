@@ -5,18 +5,13 @@
 mod common;
 
 use common::kafka_batches::{batch_of, claim, noise};
-
-use std::future::Future;
-use std::time::Duration;
+use common::{until, within};
 
 use bytes::Bytes;
 use frontend::client::{record_batch, Client};
 use frontend::{CheckGate, Config, Server, ServerOptions};
 use kafka_protocol::messages::ProduceRequest;
 use kafka_protocol::records::Compression;
-
-/// Only to tell a stalled broker from a working one: a working one answers at once.
-const STALL: Duration = Duration::from_secs(30);
 
 /// A broker of one event loop (so every connection shares it) whose checks pass `gate`.
 struct OneLoop {
@@ -62,23 +57,6 @@ fn gzip_batch(n: usize) -> Vec<u8> {
         .map(|i| Bytes::from(noise(1024, 0x2545_f491_4f6c_dd1d + 2 * i)))
         .collect();
     batch_of(&values, Compression::Gzip)
-}
-
-async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(STALL, f).await {
-        Ok(v) => v,
-        Err(_) => panic!("{what}"),
-    }
-}
-
-/// Waits until `cond` holds (it must come about without anything more from the test).
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    within(what, async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
 }
 
 /// A Produce frame (v7) of `batch` to partition 0 of `t`: (correlation id, frame).

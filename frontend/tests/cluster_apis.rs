@@ -31,10 +31,14 @@ async fn describe_cluster_names_this_broker_as_the_cluster_and_its_controller() 
     let mut md = MetadataRequest::default();
     md.topics = Some(vec![]);
     let meta = c.call(8, &md).await.unwrap();
-    for v in 0..=1 {
+    let every: i32 = frontend::acl::operations::supported(frontend::acl::ResourceType::Cluster)
+        .iter()
+        .fold(0, |bits, op| bits | 1 << op.code());
+    for v in 0..=2 {
         let mut r = DescribeClusterRequest::default();
         r.include_cluster_authorized_operations = true;
         r.endpoint_type = 1;
+        r.include_fenced_brokers = v >= 2;
         let d = c.call(v, &r).await.unwrap();
         assert_eq!(d.error_code, codes::NONE);
         assert_eq!(Some(&d.cluster_id), meta.cluster_id.as_ref());
@@ -45,7 +49,9 @@ async fn describe_cluster_names_this_broker_as_the_cluster_and_its_controller() 
             (b.broker_id.0, b.host.as_str(), b.port),
             (0, "broker.example", 19092)
         );
-        assert_eq!(d.cluster_authorized_operations, i32::MIN);
+        assert!(!b.is_fenced);
+        // Asked, with the authorizer off: every cluster operation.
+        assert_eq!(d.cluster_authorized_operations, every, "v{v}");
     }
     // Controllers are not served apart: endpoint type 2 is refused by name.
     let mut r = DescribeClusterRequest::default();

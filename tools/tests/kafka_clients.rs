@@ -338,7 +338,10 @@ fn group_rebalances_when_a_member_leaves_and_offsets_survive_a_restart() {
 /// ACLs from confluent-kafka's AdminClient (create, describe with ANY and MATCH filters,
 /// delete) as a super user; then, on the same device restarted without super users, the ACL
 /// they created lets User:ANONYMOUS produce to topic a only: a message to b fails with
-/// TOPIC_AUTHORIZATION_FAILED in the delivery report.
+/// TOPIC_AUTHORIZATION_FAILED in the delivery report, an idempotent producer is served on Write
+/// to a alone (KIP-679), and AdminClient's describe_topics / describe_consumer_groups /
+/// describe_cluster with include_authorized_operations report exactly what the ACLs give
+/// (KIP-430; the super user is told every cluster operation).
 #[test]
 fn confluent_kafka_manages_acls_and_a_denied_produce_fails_in_its_delivery_report() {
     let _turn = one_at_a_time();
@@ -351,6 +354,7 @@ fn confluent_kafka_manages_acls_and_a_denied_produce_fails_in_its_delivery_repor
     let s = Server::start_with(&dev, &["--authorizer"]);
     let out = scenario(&s.addr, "acl_denied", &[]);
     assert!(out.contains("TOPIC_AUTHORIZATION_FAILED"), "{out}");
+    scenario(&s.addr, "acl_operations", &[]);
 }
 
 /// confluent-kafka negotiates the new maxima: with librdkafka's protocol debug log on, a

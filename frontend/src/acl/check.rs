@@ -64,6 +64,21 @@ impl Authorizer {
     }
 }
 
+impl Authorizer {
+    /// Whether the session's principal may do `op` on some resource of type `rt` (not cached:
+    /// only InitProducerId asks).
+    pub fn authorize_some(&self, session: &Session, op: Operation, rt: ResourceType) -> bool {
+        if !self.enabled() {
+            return true;
+        }
+        let principal = session.principal();
+        self.is_super_user(&principal)
+            || self
+                .read()
+                .allows_some(&principal, session.peer.map(|p| p.ip()), op, rt)
+    }
+}
+
 /// May the request's principal do `op` on topic `name`?
 pub fn topic(b: &Broker, ctx: &Ctx, op: Operation, name: &str) -> bool {
     b.acl()
@@ -85,4 +100,13 @@ pub fn cluster(b: &Broker, ctx: &Ctx, op: Operation) -> bool {
 /// May it create topic `name` (Create on the cluster, or on the topic)?
 pub fn create_topic(b: &Broker, ctx: &Ctx, name: &str) -> bool {
     cluster(b, ctx, Operation::Create) || topic(b, ctx, Operation::Create, name)
+}
+
+/// May it start an idempotent producer (InitProducerId without a transactional id)? Kafka 3.0+
+/// (KIP-679): IdempotentWrite on the cluster, or Write on any topic (its Produce needs Write on
+/// the topic anyway).
+pub fn idempotent_producer(b: &Broker, ctx: &Ctx) -> bool {
+    cluster(b, ctx, Operation::IdempotentWrite)
+        || b.acl()
+            .authorize_some(&ctx.session, Operation::Write, ResourceType::Topic)
 }

@@ -152,6 +152,46 @@ impl Acls {
         allowed
     }
 
+    /// Whether `principal` may do `op` on some resource of type `rt` (Kafka's
+    /// `authorizeByResourceType`, behind KIP-679): some Allow for the operation (or All) names
+    /// a resource no Deny covers; a Deny on the literal `*` denies them all. Only the operation
+    /// and All count here, not the operations that imply it.
+    pub fn allows_some(
+        &self,
+        principal: &Principal,
+        host: Option<IpAddr>,
+        op: Operation,
+        rt: ResourceType,
+    ) -> bool {
+        let mut allowed: Vec<(PatternType, &str)> = Vec::new();
+        let mut denied_literal: Vec<&str> = Vec::new();
+        let mut denied_prefix: Vec<&str> = Vec::new();
+        let mut wildcard = false;
+        for b in self.all.iter().filter(|b| b.pattern.resource == rt) {
+            let e = &b.entry;
+            if !principal_matches(&e.principal, principal)
+                || !host_matches(&e.host, host)
+                || (e.op != op && e.op != Operation::All)
+            {
+                continue;
+            }
+            let (kind, name) = (b.pattern.kind, b.pattern.name.as_str());
+            match (e.permission, kind) {
+                (Permission::Deny, PatternType::Literal) if name == "*" => return false,
+                (Permission::Deny, PatternType::Literal) => denied_literal.push(name),
+                (Permission::Deny, PatternType::Prefixed) => denied_prefix.push(name),
+                (Permission::Allow, PatternType::Literal) if name == "*" => wildcard = true,
+                (Permission::Allow, _) => allowed.push((kind, name)),
+            }
+        }
+        wildcard
+            || allowed.into_iter().any(|(kind, name)| {
+                let denied = (kind == PatternType::Literal && denied_literal.contains(&name))
+                    || denied_prefix.iter().any(|p| name.starts_with(p));
+                !denied
+            })
+    }
+
     /// The bindings a filter matches.
     pub fn matching(&self, f: &Filter) -> Vec<Binding> {
         self.all.iter().filter(|b| f.matches(b)).cloned().collect()

@@ -311,3 +311,44 @@ fn creations_are_checked_as_kafka_checks_them() {
     })
     .is_ok());
 }
+
+/// KIP-679's "Write on any topic": Kafka's `authorizeByResourceType` cases.
+#[test]
+fn some_topic_writable_is_decided_as_kafka_decides_it() {
+    let allow = |name: &str, kind| bind(Topic, name, kind, "User:alice", "*", Write, Allow);
+    let deny = |name: &str, kind| bind(Topic, name, kind, "User:alice", "*", Write, Deny);
+    let some = |bs: Vec<Binding>| Acls::from_bindings(bs).allows_some(&alice(), HERE, Write, Topic);
+    assert!(!some(vec![]), "no binding: denied");
+    assert!(some(vec![allow("orders", Literal)]));
+    assert!(some(vec![allow("ord", Prefixed)]));
+    assert!(some(vec![allow("*", Literal)]));
+    // One Allow of literal topic "orders": only Write and All count (Read implies nothing
+    // about Write); another principal's, resource type's or host's does not.
+    for (rt, who, host, op, want) in [
+        (Topic, "User:alice", "*", All, true),
+        (Topic, "User:*", "*", Write, true),
+        (Topic, "User:alice", "*", Read, false),
+        (Topic, "User:bob", "*", Write, false),
+        (Group, "User:alice", "*", Write, false),
+        (Topic, "User:alice", "10.9.9.9", Write, false),
+    ] {
+        let b = bind(rt, "orders", Literal, who, host, op, Allow);
+        assert_eq!(some(vec![b]), want, "{rt:?} {who} {host} {op:?}");
+    }
+    // Denies that cover every allowed name win; one that leaves some name allowed does not.
+    assert!(!some(vec![
+        allow("orders", Literal),
+        deny("orders", Literal)
+    ]));
+    assert!(!some(vec![allow("orders", Literal), deny("ord", Prefixed)]));
+    assert!(!some(vec![
+        allow("orders-eu", Prefixed),
+        deny("orders", Prefixed)
+    ]));
+    assert!(!some(vec![allow("*", Literal), deny("*", Literal)]));
+    assert!(some(vec![allow("ord", Prefixed), deny("orders", Literal)]));
+    assert!(some(vec![
+        allow("orders", Literal),
+        deny("payments", Prefixed)
+    ]));
+}

@@ -1,7 +1,8 @@
 //! Access control lists as Kafka has them: a binding gives a principal (from a host) permission
 //! to do an operation on resources named by a pattern; the authorizer (`store`) decides each
 //! request from them (`matcher`), they are kept durably in `__nvmq_meta` (`record`), managed
-//! through CreateAcls, DescribeAcls and DeleteAcls (`api`) and checked per request (`check`).
+//! through CreateAcls, DescribeAcls and DeleteAcls (`api`) and checked per request (`check`);
+//! what a principal may do on a resource is reported as KIP-430's bit field (`operations`).
 //!
 //! The numbers are the protocol's (Kafka's `ResourceType`, `PatternType`, `AclOperation`,
 //! `AclPermissionType` codes), so a binding goes on the wire and into the log as it is.
@@ -9,6 +10,7 @@
 pub mod api;
 pub mod check;
 pub mod matcher;
+pub mod operations;
 pub mod record;
 pub mod store;
 

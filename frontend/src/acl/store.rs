@@ -53,7 +53,7 @@ impl Authorizer {
         self.generation.load(Ordering::Acquire)
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, Acls> {
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, Acls> {
         self.acls.read().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -5,9 +5,12 @@
 //! loop checks what is cheap itself (`records::check_inline`) and hands the rest here, with the
 //! bytes it holds counted against the broker's limits until the check is done; the connection
 //! resumes the request when the answer comes back (`reactor::checking`).
+//!
+//! The same threads run the other work too slow for a loop (`offload`: a PLAIN login's password
+//! derivation), in the order it came.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 
 use bytes::Bytes;
 use crossbeam::channel::{Receiver, Sender};
@@ -15,6 +18,7 @@ use tokio::sync::oneshot;
 
 use super::limits::Charge;
 use crate::batch::{BatchFault, BatchInfo};
+use crate::offload::{Offload, Task};
 use crate::records::{self, Checks};
 use crate::FrontendError;
 
@@ -42,9 +46,17 @@ pub(crate) struct Checked {
     pub charge: Charge,
 }
 
+/// What the threads take: a request's batches, or other work handed off a loop.
+enum Work {
+    Check(Job),
+    Run(Task),
+}
+
 /// The checking threads; they end when the pool is dropped.
 pub(crate) struct CheckPool {
-    tx: Sender<Job>,
+    /// The one strong handle: connections' `Offload`s hold weak ones, so that the threads end
+    /// with the pool, not with the last connection.
+    tx: Arc<Sender<Work>>,
 }
 
 impl CheckPool {
@@ -54,7 +66,7 @@ impl CheckPool {
             .clamp(1, MAX_THREADS);
         // Unbounded: every job's bytes are counted against the broker's byte limits, which stop
         // connections from reading before this queue can grow past them.
-        let (tx, rx) = crossbeam::channel::unbounded::<Job>();
+        let (tx, rx) = crossbeam::channel::unbounded::<Work>();
         for i in 0..threads {
             let rx = rx.clone();
             let gate = gate.clone();
@@ -63,22 +75,43 @@ impl CheckPool {
                 .spawn(move || work(&rx, gate.as_ref()))
                 .map_err(|e| FrontendError::Thread(e.to_string()))?;
         }
-        Ok(CheckPool { tx })
+        Ok(CheckPool { tx: Arc::new(tx) })
     }
 
     /// Queues a job; its answer comes on the job's `reply`. A job the pool can no longer take
     /// (it is stopping) is dropped, which its receiver sees as a closed channel.
     pub fn submit(&self, job: Job) {
-        let _ = self.tx.send(job);
+        let _ = self.tx.send(Work::Check(job));
+    }
+
+    /// A handle connections hand their slow work to; once the pool stopped, a task given to it
+    /// is dropped (its waiter sees that).
+    pub fn offload(&self) -> Offload {
+        let tx: Weak<Sender<Work>> = Arc::downgrade(&self.tx);
+        Offload::new(move |task| {
+            if let Some(tx) = tx.upgrade() {
+                let _ = tx.send(Work::Run(task));
+            }
+        })
     }
 }
 
-fn work(rx: &Receiver<Job>, gate: Option<&CheckGate>) {
-    for job in rx.iter() {
-        if job.reply.is_closed() {
-            // Its connection closed: nobody waits for the answer.
-            continue;
-        }
+fn work(rx: &Receiver<Work>, gate: Option<&CheckGate>) {
+    for w in rx.iter() {
+        let job = match w {
+            Work::Check(job) if job.reply.is_closed() => {
+                // Its connection closed: nobody waits for the answer.
+                continue;
+            }
+            Work::Check(job) => job,
+            Work::Run(task) => {
+                if let Some(g) = gate {
+                    g.pass();
+                }
+                task();
+                continue;
+            }
+        };
         if let Some(g) = gate {
             g.pass();
         }
@@ -97,7 +130,7 @@ fn work(rx: &Receiver<Job>, gate: Option<&CheckGate>) {
     }
 }
 
-/// A gate every check handed to the pool passes before it runs: open unless a test holds it. With
+/// A gate every check (and task) handed to the pool passes before it runs: open unless a test holds it. With
 /// it held, a check cannot finish, so a test can look at what the broker does meanwhile without
 /// timing anything.
 #[derive(Clone, Default)]

@@ -274,7 +274,7 @@ fn spawn(ctx: &Rc<LoopCtx>, stream: TcpStream) {
     match ctx.server.opts.tls.clone() {
         None => {
             tokio::task::spawn_local(async move {
-                let session = Session::new(peer);
+                let session = Session::offloading(peer, Some(ctx.server.checker.offload()));
                 run(&ctx, stream, peer, session, admission).await;
             });
         }
@@ -282,7 +282,9 @@ fn spawn(ctx: &Rc<LoopCtx>, stream: TcpStream) {
         // place under the connection limits) meanwhile.
         Some(tls) => {
             tokio::task::spawn_local(async move {
-                let Some((stream, session)) = secure::handshake(&tls, stream, peer).await else {
+                let Some((stream, session)) =
+                    secure::handshake(&tls, stream, peer, ctx.server.checker.offload()).await
+                else {
                     return;
                 };
                 if !ctx.server.stopping.load(Ordering::SeqCst) {

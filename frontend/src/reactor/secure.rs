@@ -35,6 +35,7 @@ pub(crate) async fn handshake(
     tls: &Tls,
     stream: TcpStream,
     peer: Option<SocketAddr>,
+    offload: crate::offload::Offload,
 ) -> Option<(TlsStream<TcpStream>, Arc<Session>)> {
     let acceptor = TlsAcceptor::from(tls.current());
     let done = tokio::time::timeout(tls.handshake_timeout(), acceptor.accept(stream)).await;
@@ -53,7 +54,7 @@ pub(crate) async fn handshake(
             return None;
         }
     };
-    let session = Session::new(peer);
+    let session = Session::offloading(peer, Some(offload));
     if tls.requires_client_cert() {
         // The verifier has checked the chain: the first certificate is the client's.
         let named = stream
@@ -129,7 +130,14 @@ mod tests {
             TlsConnector::from(config).connect(name, s).await
         });
         let (s, peer) = listener.accept().await.expect("accept");
-        let (_, session) = handshake(&tls, s, Some(peer)).await.expect("handshake");
+        let (_, session) = handshake(
+            &tls,
+            s,
+            Some(peer),
+            crate::offload::Offload::new(|task| task()),
+        )
+        .await
+        .expect("handshake");
         connecting.await.expect("client task").expect("client side");
         session
     }

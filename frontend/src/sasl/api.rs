@@ -38,28 +38,32 @@ pub fn handshake(b: &Arc<Broker>, ctx: &Ctx, req: SaslHandshakeRequest) -> Reply
 }
 
 pub fn authenticate(b: &Arc<Broker>, ctx: &Ctx, req: SaslAuthenticateRequest) -> Reply {
-    let mut resp = SaslAuthenticateResponse::default();
-    match exchange::authenticate(b, &ctx.session, &req.auth_bytes) {
-        Step::Continue(token) => {
-            resp.auth_bytes = Bytes::from(token);
-            ctx.ready(&resp)
+    let step = exchange::authenticate(b, &ctx.session, &req.auth_bytes);
+    let ctx = ctx.clone();
+    Box::pin(async move {
+        let mut resp = SaslAuthenticateResponse::default();
+        match step.await {
+            Step::Continue(token) => {
+                resp.auth_bytes = Bytes::from(token);
+                ctx.ready(&resp).await
+            }
+            Step::Done(done) => {
+                resp.auth_bytes = Bytes::from(done.reply);
+                resp.session_lifetime_ms = done.lifetime_ms;
+                ctx.ready(&resp).await
+            }
+            Step::Failed {
+                illegal_state,
+                message,
+            } => {
+                resp.error_code = if illegal_state {
+                    codes::ILLEGAL_SASL_STATE
+                } else {
+                    codes::SASL_AUTHENTICATION_FAILED
+                };
+                resp.error_message = Some(StrBytes::from_string(message));
+                ctx.ready_last(&resp).await
+            }
         }
-        Step::Done(done) => {
-            resp.auth_bytes = Bytes::from(done.reply);
-            resp.session_lifetime_ms = done.lifetime_ms;
-            ctx.ready(&resp)
-        }
-        Step::Failed {
-            illegal_state,
-            message,
-        } => {
-            resp.error_code = if illegal_state {
-                codes::ILLEGAL_SASL_STATE
-            } else {
-                codes::SASL_AUTHENTICATION_FAILED
-            };
-            resp.error_message = Some(StrBytes::from_string(message));
-            ctx.ready_last(&resp)
-        }
-    }
+    })
 }

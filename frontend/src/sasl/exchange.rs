@@ -1,6 +1,10 @@
 //! One connection's SASL exchange: the mechanism a SaslHandshake chose, then the tokens of
 //! SaslAuthenticate requests, to a principal (or a failure, after which the connection closes).
+//! A PLAIN password is checked off the event loop (`offload`): deriving it takes milliseconds.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Instant;
 
 use base64::engine::general_purpose::STANDARD as B64;
@@ -21,6 +25,8 @@ pub(crate) enum Stage {
     Chosen(Mechanism),
     /// SCRAM's server-first went out; the client-final comes next.
     ScramSent(Box<ScramFirst>),
+    /// A PLAIN password is being checked (off the loop); nothing else is taken meanwhile.
+    Checking,
     /// An exchange failed: the connection is closing.
     Failed,
 }
@@ -84,16 +90,31 @@ pub fn handshake(
     }
 }
 
-/// Takes the client's next token.
-pub fn authenticate(b: &Broker, session: &Session, token: &[u8]) -> Step {
+/// The outcome of a token, once known.
+pub type Pending = Pin<Box<dyn Future<Output = Step> + Send>>;
+
+/// What a token led to: the user, the token back and the mechanism; or why it failed (with the
+/// user when known, for the log).
+type Outcome = Result<(String, Vec<u8>, &'static str), (AuthError, Option<String>, &'static str)>;
+
+/// Takes the client's next token. A PLAIN token's password is checked on the session's
+/// offload; the rest is answered at once.
+pub fn authenticate(b: &Arc<Broker>, session: &Arc<Session>, token: &[u8]) -> Pending {
     let mut st = crate::broker::lock(&session.sasl);
     let stage = std::mem::replace(&mut st.step, Stage::Failed);
     let result = match stage {
-        Stage::Chosen(Mechanism::Plain) => plain(b, token).map(|user| (user, Vec::new(), "PLAIN")),
+        Stage::Chosen(Mechanism::Plain) => match plain(b, token) {
+            Ok(login) => {
+                st.step = Stage::Checking;
+                drop(st);
+                return check_plain(b.clone(), session.clone(), login);
+            }
+            Err(e) => Err(e),
+        },
         Stage::Chosen(Mechanism::Scram(m)) => match scram_first(b, m, token) {
             Ok((first, reply)) => {
                 st.step = Stage::ScramSent(Box::new(first));
-                return Step::Continue(reply);
+                return ready(Step::Continue(reply));
             }
             Err(e) => Err((e, None, m.name())),
         },
@@ -101,15 +122,54 @@ pub fn authenticate(b: &Broker, session: &Session, token: &[u8]) -> Step {
             Ok(reply) => Ok((first.user.clone(), reply, first.mech_name())),
             Err(e) => Err((e, Some(first.user.clone()), first.mech_name())),
         },
+        Stage::Checking => {
+            return ready(Step::Failed {
+                illegal_state: true,
+                message: "SaslAuthenticate while the last one is still being checked".into(),
+            })
+        }
         Stage::Idle | Stage::Failed => {
-            return Step::Failed {
+            return ready(Step::Failed {
                 illegal_state: true,
                 message: "SaslAuthenticate before a SaslHandshake chose a mechanism".into(),
-            }
+            })
         }
     };
+    ready(conclude(b, session, result, &mut st.step))
+}
+
+fn ready(step: Step) -> Pending {
+    Box::pin(async move { step })
+}
+
+/// Checks a PLAIN password on the session's offload, then admits the connection or fails it.
+fn check_plain(b: Arc<Broker>, session: Arc<Session>, login: PlainLogin) -> Pending {
+    Box::pin(async move {
+        let PlainLogin {
+            user,
+            mechanism,
+            credential,
+            password,
+        } = login;
+        let matched = crate::offload::run(session.offload(), move || {
+            credential.check_password(mechanism, &password)
+        })
+        .await;
+        let result = match matched {
+            Some(true) => Ok((user, Vec::new(), "PLAIN")),
+            Some(false) => Err((AuthError::BadCredentials, Some(user), "PLAIN")),
+            None => Err((AuthError::Interrupted, Some(user), "PLAIN")),
+        };
+        let mut st = crate::broker::lock(&session.sasl);
+        st.step = Stage::Failed;
+        conclude(&b, &session, result, &mut st.step)
+    })
+}
+
+/// Admits the connection for a success; fails it (revoked, logged) otherwise.
+fn conclude(b: &Broker, session: &Session, result: Outcome, step: &mut Stage) -> Step {
     match result {
-        Ok((user, reply, mech)) => finish(b, session, user, reply, mech, &mut st.step),
+        Ok((user, reply, mech)) => finish(b, session, user, reply, mech, step),
         Err((e, user, mech)) => {
             session.revoke();
             tracing::warn!(peer = ?session.peer, user = user.as_deref().unwrap_or("?"), mechanism = mech, error = %e, "SASL authentication failed");
@@ -165,9 +225,20 @@ fn finish(
     })
 }
 
-/// PLAIN's token: `[authzid] NUL authcid NUL password`; the user when the password matches the
-/// user's SCRAM credential (SHA-512's if there is one).
-fn plain(b: &Broker, token: &[u8]) -> Result<String, (AuthError, Option<String>, &'static str)> {
+/// A PLAIN login to check: the password against the user's credential.
+struct PlainLogin {
+    user: String,
+    mechanism: scram::ScramMechanism,
+    credential: scram::ScramCredential,
+    password: Vec<u8>,
+}
+
+/// PLAIN's token: `[authzid] NUL authcid NUL password`, and the credential to check the password
+/// against: the user's SCRAM credential (SHA-512's if there is one).
+fn plain(
+    b: &Broker,
+    token: &[u8],
+) -> Result<PlainLogin, (AuthError, Option<String>, &'static str)> {
     let fail = |e, user: Option<&str>| (e, user.map(str::to_string), "PLAIN");
     let mut parts = token.split(|&c| c == 0);
     let (Some(authzid), Some(user), Some(password), None) =
@@ -190,7 +261,7 @@ fn plain(b: &Broker, token: &[u8]) -> Result<String, (AuthError, Option<String>,
             Some(user),
         ));
     }
-    let (m, cred) = match b.credentials.for_plain(user) {
+    let (mechanism, credential) = match b.credentials.for_plain(user) {
         Some(found) => found,
         None => {
             // The same work as for a known user, so that time does not tell who exists.
@@ -199,11 +270,12 @@ fn plain(b: &Broker, token: &[u8]) -> Result<String, (AuthError, Option<String>,
             (m, scram::decoy(m, secret, user))
         }
     };
-    if cred.check_password(m, password) {
-        Ok(user.to_string())
-    } else {
-        Err(fail(AuthError::BadCredentials, Some(user)))
-    }
+    Ok(PlainLogin {
+        user: user.to_string(),
+        mechanism,
+        credential,
+        password: password.to_vec(),
+    })
 }
 
 fn scram_first(

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use kafka_protocol::messages::ApiKey;
 
-pub use exchange::{authenticate, handshake, Done, HandshakeRefusal, Step};
+pub use exchange::{authenticate, handshake, Done, HandshakeRefusal, Pending, Step};
 pub use scram::{ScramCredential, ScramMechanism};
 
 /// A SASL mechanism nvmq serves.
@@ -78,6 +78,9 @@ pub enum AuthError {
     BadCredentials,
     #[error("no random bytes from the operating system: {0}")]
     Random(String),
+    /// The password check was dropped unfinished (the broker is stopping).
+    #[error("the password check was interrupted")]
+    Interrupted,
 }
 
 /// `n` bytes from the operating system's generator (salts, nonces).

@@ -2,6 +2,8 @@
 //! (no Kafka request header), and gets the server's tokens back the same way; a failure closes
 //! the connection without an answer (Kafka's behaviour for these old clients).
 
+use std::sync::Arc;
+
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{exchange, Step};
@@ -33,14 +35,16 @@ pub fn next_token(input: &mut BytesMut, max: usize) -> Result<Option<Bytes>, Ref
     Ok(Some(token.freeze()))
 }
 
-/// Answers one bare token (as a request answered at once).
-pub fn answer(b: &Broker, session: &Session, token: &[u8]) -> Parsed {
-    let out = match exchange::authenticate(b, session, token) {
-        Step::Continue(t) => framed(&t),
-        Step::Done(d) => framed(&d.reply),
-        Step::Failed { .. } => Outcome::Close,
-    };
-    Parsed::Answered(Box::pin(async move { out }))
+/// Answers one bare token (as a request answered once its check is done).
+pub fn answer(b: &Arc<Broker>, session: &Arc<Session>, token: &[u8]) -> Parsed {
+    let step = exchange::authenticate(b, session, token);
+    Parsed::Answered(Box::pin(async move {
+        match step.await {
+            Step::Continue(t) => framed(&t),
+            Step::Done(d) => framed(&d.reply),
+            Step::Failed { .. } => Outcome::Close,
+        }
+    }))
 }
 
 fn framed(token: &[u8]) -> Outcome {

@@ -11,6 +11,15 @@ use frontend::Broker;
 use kafka_protocol::messages::{ApiKey, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Request};
 
+/// A broker config with the authorizer on and `User:admin` its super user.
+pub fn authorizing() -> frontend::Config {
+    frontend::Config {
+        authorizer: true,
+        super_users: vec![Principal::user("admin")],
+        ..frontend::Config::default()
+    }
+}
+
 /// A connection of `User:<name>` from 10.0.0.1.
 pub fn session(name: &str) -> Arc<Session> {
     let s = Session::new(Some("10.0.0.1:40000".parse().expect("addr")));

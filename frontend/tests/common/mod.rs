@@ -197,3 +197,24 @@ pub fn fetch_request(t: &str, offset: i64) -> kafka_protocol::messages::FetchReq
     r.topics = vec![ft];
     r
 }
+
+/// Only to tell a stalled broker from a working one: a working one answers at once.
+pub const STALL: Duration = Duration::from_secs(30);
+
+/// `f`'s result; panics with `what` if the broker stalled (nothing came within `STALL`).
+pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(STALL, f).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what}"),
+    }
+}
+
+/// Waits until `cond` holds (it must come about without anything more from the test).
+pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    within(what, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+}

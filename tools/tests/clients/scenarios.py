@@ -348,41 +348,100 @@ def acl_admin():
 
 
 def acl_setup():
-    """As a super user: topics a and b, and an ACL letting User:ANONYMOUS write (only) to a."""
+    """As a super user: topics a and b; User:ANONYMOUS may write (only) to a, read b, read group
+    g and describe the cluster. The super user is told every cluster operation."""
     from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
                                        ResourcePatternType, ResourceType)
 
     for t in ("a", "b"):
         create_topic(t, 1)
     a = AdminClient({"bootstrap.servers": BOOT})
-    b = AclBinding(ResourceType.TOPIC, "a", ResourcePatternType.LITERAL, "User:ANONYMOUS", "*",
-                   AclOperation.WRITE, AclPermissionType.ALLOW)
-    for f in a.create_acls([b], request_timeout=15).values():
+    lit, allow = ResourcePatternType.LITERAL, AclPermissionType.ALLOW
+    anon = "User:ANONYMOUS"
+    bindings = [
+        AclBinding(ResourceType.TOPIC, "a", lit, anon, "*", AclOperation.WRITE, allow),
+        AclBinding(ResourceType.TOPIC, "b", lit, anon, "*", AclOperation.READ, allow),
+        AclBinding(ResourceType.GROUP, "g", lit, anon, "*", AclOperation.READ, allow),
+        AclBinding(ResourceType.BROKER, "kafka-cluster", lit, anon, "*", AclOperation.DESCRIBE,
+                   allow),
+    ]
+    for f in a.create_acls(bindings, request_timeout=15).values():
         f.result()
-    print("ok: topics a, b; User:ANONYMOUS may write to a")
+    c = a.describe_cluster(include_authorized_operations=True, request_timeout=15).result()
+    every = {"CREATE", "CLUSTER_ACTION", "DESCRIBE_CONFIGS", "ALTER_CONFIGS", "IDEMPOTENT_WRITE",
+             "ALTER", "DESCRIBE"}
+    told = names(c.authorized_operations)
+    if told != every:
+        fail(f"the super user was told cluster operations {sorted(told)}")
+    print(f"ok: topics a, b; User:ANONYMOUS may write to a, read b and g, describe the cluster; "
+          f"the super user may {sorted(told)}")
+
+
+def names(ops):
+    """The names of a client's authorized operations (None when the broker did not say)."""
+    if ops is None:
+        fail("no authorized operations in the answer")
+    return {o.name for o in ops}
+
+
+def acl_operations():
+    """Not a super user: AdminClient's describe_topics, describe_consumer_groups and
+    describe_cluster with include_authorized_operations tell User:ANONYMOUS exactly what its ACLs
+    give (KIP-430), implied Describe included."""
+    from confluent_kafka import Consumer, TopicCollection, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    # Offsets committed for group g (Read on g and on b): the group exists, Empty.
+    c = Consumer({"bootstrap.servers": BOOT, "group.id": "g", "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition("b", 0, 0)], asynchronous=False)
+    c.close()
+    a = AdminClient({"bootstrap.servers": BOOT})
+    got = {}
+    for t, f in a.describe_topics(TopicCollection(["a", "b"]), include_authorized_operations=True,
+                                  request_timeout=15).items():
+        got[t] = names(f.result().authorized_operations)
+    for g, f in a.describe_consumer_groups(["g"], include_authorized_operations=True,
+                                           request_timeout=15).items():
+        got[g] = names(f.result().authorized_operations)
+    got["cluster"] = names(a.describe_cluster(include_authorized_operations=True,
+                                              request_timeout=15).result().authorized_operations)
+    want = {"a": {"WRITE", "DESCRIBE"}, "b": {"READ", "DESCRIBE"}, "g": {"READ", "DESCRIBE"},
+            "cluster": {"DESCRIBE"}}
+    if got != want:
+        fail(f"told {got}, want {want}")
+    print(f"ok: authorized operations {sorted((k, sorted(v)) for k, v in got.items())}")
 
 
 def acl_denied():
-    """Not a super user: producing to a is delivered, to b fails TOPIC_AUTHORIZATION_FAILED."""
+    """Not a super user: producing to a is delivered, to b fails TOPIC_AUTHORIZATION_FAILED; an
+    idempotent producer gets its producer id from Write on a alone (KIP-679) and delivers."""
     from confluent_kafka import KafkaError, Producer
 
-    p = Producer({"bootstrap.servers": BOOT, "acks": "all", "message.timeout.ms": 20000})
-    reports = {}
+    def produce(topics, idempotent):
+        p = Producer({"bootstrap.servers": BOOT, "acks": "all", "message.timeout.ms": 20000,
+                      "enable.idempotence": idempotent})
+        reports = {}
 
-    def dr(err, msg):
-        reports[msg.topic()] = err
+        def dr(err, msg):
+            reports[msg.topic()] = err
 
-    p.produce("a", b"allowed", on_delivery=dr)
-    p.produce("b", b"denied", on_delivery=dr)
-    left = p.flush(30)
-    if left:
-        fail(f"{left} messages never reported")
+        for t in topics:
+            p.produce(t, b"value", on_delivery=dr)
+        left = p.flush(30)
+        if left:
+            fail(f"{left} messages never reported (idempotent: {idempotent})")
+        return reports
+
+    reports = produce(["a", "b"], False)
     if reports.get("a") is not None:
         fail(f"the allowed message failed: {reports.get('a')}")
     err = reports.get("b")
     if err is None or err.code() != KafkaError.TOPIC_AUTHORIZATION_FAILED:
         fail(f"the denied message reported {err}")
-    print(f"ok: a delivered, b refused with {err.name()}")
+    idem = produce(["a"], True).get("a")
+    if idem is not None:
+        fail(f"the idempotent producer's message failed: {idem}")
+    print(f"ok: a delivered (also idempotent, by Write on a alone), b refused with {err.name()}")
 
 
 def negotiated():
@@ -646,6 +705,7 @@ def kp_log_dirs():
     "acl_admin": acl_admin,
     "acl_setup": acl_setup,
     "acl_denied": acl_denied,
+    "acl_operations": acl_operations,
     "negotiated": negotiated,
     "sasl_ok": sasl_ok,
     "sasl_refused": sasl_refused,
