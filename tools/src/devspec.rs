@@ -84,6 +84,10 @@ impl std::str::FromStr for DeviceSpec {
     }
 }
 
+/// A device and the read-only queue pairs opened beside it (see
+/// [`DeviceSpec::open_with_readers`]).
+pub type WithReaders = (Box<dyn BlockDevice>, Vec<Box<dyn BlockDevice>>);
+
 impl DeviceSpec {
     /// The backend's name, for reports.
     pub fn backend(&self) -> &'static str {
@@ -112,7 +116,7 @@ impl DeviceSpec {
         create: Option<u64>,
         readers: u16,
         init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
-    ) -> Result<(Box<dyn BlockDevice>, Vec<Box<dyn BlockDevice>>)> {
+    ) -> Result<WithReaders> {
         match self {
             DeviceSpec::Nvme {
                 pci,
@@ -344,7 +348,7 @@ fn open_nvme(
     io_timeout: Option<Duration>,
     readers: u16,
     init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
-) -> Result<(Box<dyn BlockDevice>, Vec<Box<dyn BlockDevice>>)> {
+) -> Result<WithReaders> {
     use blockdev::nvme::{NvmeDevice, NvmeOptions};
     let defaults = NvmeOptions::default();
     let opts = NvmeOptions {
@@ -396,7 +400,7 @@ fn open_nvme(
     _io_timeout: Option<Duration>,
     _readers: u16,
     _init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
-) -> Result<(Box<dyn BlockDevice>, Vec<Box<dyn BlockDevice>>)> {
+) -> Result<WithReaders> {
     // The spec parses everywhere, so the refusal names the device; the backend is left out of
     // builds it has no DMA barriers for (docs/nvme-ordering.md).
     bail!(
