@@ -10,6 +10,7 @@ pub mod batch;
 mod bell;
 pub mod cache;
 pub mod config;
+pub mod direct;
 mod error;
 pub mod format;
 mod host;
@@ -55,6 +56,8 @@ pub struct Log {
     flush: FlushMode,
     /// Tells the background index rebuild to give up (at shutdown).
     cancel: Arc<AtomicBool>,
+    /// Queue pairs of the device on which readers read themselves (`direct.rs`).
+    direct: Option<direct::DirectReads>,
 }
 
 impl Log {
@@ -115,6 +118,7 @@ impl Log {
         };
         let shared = writer.shared();
         let backfill = writer.take_backfill();
+        let direct = writer.take_direct_reads();
         let scrub_rate = writer.config().scrub_rate;
         let geo = writer.geometry();
         let max_payload = writer.max_payload();
@@ -142,6 +146,7 @@ impl Log {
             max_payload,
             flush,
             cancel,
+            direct,
         };
         (log, hosted)
     }
@@ -348,6 +353,10 @@ impl Log {
     }
 
     fn read_raw(&self, position: u64, len: u64) -> Result<Vec<u8>, LogError> {
+        let direct = self.direct.as_ref().filter(|_| self.queue.is_some());
+        if let Some(r) = direct.and_then(|d| d.read(&self.shared, &self.geo, position, len)) {
+            return r;
+        }
         match &self.queue {
             Some(q) => read_raw_via(q, position, len),
             None => Err(LogError::Shutdown),

@@ -120,6 +120,9 @@ pub struct WriterStats {
     /// The most log bytes the registry's checkpoint may take (`state::checkpoint_budget`).
     pub checkpoint_budget: u64,
     pub reads: u64,
+    /// Of `reads`, those made on a queue pair of the reader's own (`DirectReads`), not
+    /// through the writer.
+    pub direct_reads: u64,
     pub corrupt_reads: u64,
     /// Batches (and their device bytes) that `on_full = drop-oldest` freed to make room although
     /// no retention setting had expired them yet (storage.md §4.3: never silently).

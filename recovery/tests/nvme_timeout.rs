@@ -10,25 +10,20 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use blockdev::nvme::command::io;
-use blockdev::nvme::fake::{self, FakeConfig};
-use blockdev::nvme::{NvmeDevice, NvmeOptions};
-use nvmq_log::config::{FormatOptions, LogConfig};
+use blockdev::nvme::fake::FakeConfig;
+use blockdev::nvme::NvmeOptions;
+use nvmq_log::config::LogConfig;
 use nvmq_log::{Log, LogError};
+
+mod nvme_support;
 
 #[test]
 fn a_flush_that_never_completes_fails_the_append_and_stops_the_writer() {
-    let (host, h) = fake::controller(FakeConfig::default());
     let opts = NvmeOptions {
         io_timeout: Duration::from_millis(30),
         ..NvmeOptions::default()
     };
-    let mut dev = NvmeDevice::with_host(host, 1, opts).expect("open the fake NVMe device");
-    let fmt = FormatOptions {
-        window: 1 << 20,
-        max_batch: 256 << 10,
-        ..FormatOptions::default()
-    };
-    nvmq_log::mkfs::format(&mut dev, &fmt).expect("format");
+    let (dev, h) = nvme_support::formatted(FakeConfig::default(), opts);
     let cfg = LogConfig {
         // No superblock update (and its flush) while the test counts flushes.
         idle_superblock: Duration::from_secs(3600),

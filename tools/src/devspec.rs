@@ -84,6 +84,10 @@ impl std::str::FromStr for DeviceSpec {
     }
 }
 
+/// A device and the read-only queue pairs opened beside it (see
+/// [`DeviceSpec::open_with_readers`]).
+pub type WithReaders = (Box<dyn BlockDevice>, Vec<Box<dyn BlockDevice>>);
+
 impl DeviceSpec {
     /// The backend's name, for reports.
     pub fn backend(&self) -> &'static str {
@@ -102,6 +106,25 @@ impl DeviceSpec {
         init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
     ) -> Result<Box<dyn BlockDevice>> {
         self.open_with(create, FileOptions::default(), init)
+    }
+
+    /// [`DeviceSpec::open`], plus up to `readers` more I/O queue pairs of the same NVMe
+    /// controller for the log's readers (`nvmq_log::direct`), each to be owned by one reader
+    /// thread at a time. Other backends have none: their reads go through the writer.
+    pub fn open_with_readers(
+        &self,
+        create: Option<u64>,
+        readers: u16,
+        init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
+    ) -> Result<WithReaders> {
+        match self {
+            DeviceSpec::Nvme {
+                pci,
+                nsid,
+                io_timeout,
+            } => open_nvme(pci, *nsid, *io_timeout, readers, init),
+            _ => Ok((self.open(create, init)?, Vec::new())),
+        }
     }
 
     /// [`DeviceSpec::open`] with the file backend's options (ignored by other backends).
@@ -128,7 +151,7 @@ impl DeviceSpec {
                 pci,
                 nsid,
                 io_timeout,
-            } => open_nvme(pci, *nsid, *io_timeout, init),
+            } => open_nvme(pci, *nsid, *io_timeout, 0, init).map(|(dev, _)| dev),
             DeviceSpec::File {
                 path: p,
                 engine,
@@ -323,18 +346,48 @@ fn open_nvme(
     pci: &str,
     nsid: u32,
     io_timeout: Option<Duration>,
+    readers: u16,
     init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
-) -> Result<Box<dyn BlockDevice>> {
+) -> Result<WithReaders> {
     use blockdev::nvme::{NvmeDevice, NvmeOptions};
     let defaults = NvmeOptions::default();
     let opts = NvmeOptions {
         io_timeout: io_timeout.unwrap_or(defaults.io_timeout),
+        queue_pairs: readers.saturating_add(1),
         ..defaults
     };
     let mut dev = NvmeDevice::open(pci, nsid, opts)
         .with_context(|| format!("opening NVMe device {pci} namespace {nsid}"))?;
     init(&mut dev)?;
-    Ok(Box::new(dev))
+    let pairs = reader_pairs(&dev, readers, |d| d.queue_pair())
+        .with_context(|| format!("NVMe device {pci}: opening the readers' queue pairs"))?;
+    Ok((Box::new(dev), pairs))
+}
+
+/// Up to `wanted` more queue pairs from `open` (None: the controller granted no more), with a
+/// line saying what the readers share when it granted fewer.
+pub fn reader_pairs<D: BlockDevice + 'static>(
+    dev: &D,
+    wanted: u16,
+    open: impl Fn(&D) -> Result<Option<D>, blockdev::DeviceError>,
+) -> Result<Vec<Box<dyn BlockDevice>>, blockdev::DeviceError> {
+    let mut pairs: Vec<Box<dyn BlockDevice>> = Vec::new();
+    while pairs.len() < usize::from(wanted) {
+        match open(dev)? {
+            Some(p) => pairs.push(Box::new(p)),
+            None => break,
+        }
+    }
+    if pairs.len() < usize::from(wanted) {
+        tracing::warn!(
+            device = %dev.info().identity,
+            asked = wanted + 1,
+            granted = pairs.len() + 1,
+            "the NVMe controller granted fewer I/O queue pairs than asked (one for the writer, one              per event loop for reads): {} of the loops' device reads have a pair of their own,              the others share the writer's, through the loop that hosts it",
+            pairs.len()
+        );
+    }
+    Ok(pairs)
 }
 
 #[cfg(not(all(
@@ -345,8 +398,9 @@ fn open_nvme(
     pci: &str,
     _nsid: u32,
     _io_timeout: Option<Duration>,
+    _readers: u16,
     _init: impl FnOnce(&mut dyn BlockDevice) -> Result<(), blockdev::DeviceError>,
-) -> Result<Box<dyn BlockDevice>> {
+) -> Result<WithReaders> {
     // The spec parses everywhere, so the refusal names the device; the backend is left out of
     // builds it has no DMA barriers for (docs/nvme-ordering.md).
     bail!(
@@ -565,5 +619,28 @@ mod tests {
         assert_eq!(parse_duration("2min").unwrap(), Duration::from_secs(120));
         assert!(parse_duration("99999999999999999999999d").is_err());
         assert!(parse_duration("3 weeks").is_err());
+    }
+
+    #[cfg(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    ))]
+    #[test]
+    fn readers_get_the_pairs_the_controller_grants_and_share_the_rest() {
+        use blockdev::nvme::fake::{self, FakeConfig};
+        use blockdev::nvme::{NvmeDevice, NvmeOptions};
+        for (granted, wanted, got) in [(4u16, 3u16, 3usize), (2, 3, 1), (1, 3, 0), (4, 0, 0)] {
+            let (host, _h) = fake::controller(FakeConfig {
+                io_queues: granted,
+                ..FakeConfig::default()
+            });
+            let opts = NvmeOptions {
+                queue_pairs: wanted + 1,
+                ..NvmeOptions::default()
+            };
+            let dev = NvmeDevice::with_host(host, 1, opts).unwrap();
+            let pairs = reader_pairs(&dev, wanted, |d| d.queue_pair()).unwrap();
+            assert_eq!(pairs.len(), got, "{granted} granted, {wanted} wanted");
+        }
     }
 }

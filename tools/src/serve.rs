@@ -236,6 +236,11 @@ pub fn run(args: ServeArgs) -> Result<Status> {
     let queue = cfg.queue_capacity;
     let mut writers = Vec::new();
     let mut reports = Vec::new();
+    let reader_pairs = match args.loops {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+    .min(usize::from(u16::MAX - 1)) as u16;
     for (spec, name) in specs.iter().zip(&args.device) {
         let fresh = match spec {
             DeviceSpec::File { path, .. } => !Path::new(path).exists(),
@@ -243,7 +248,9 @@ pub fn run(args: ServeArgs) -> Result<Status> {
             // A namespace is never formatted implicitly: `nvmq format --device nvme:...` first.
             DeviceSpec::Nvme { .. } => false,
         };
-        let dev = spec.open(Some(size), |dev| {
+        // One read-only queue pair per loop (NVMe): a Fetch that reads the device reads it on
+        // one, not through the loop that hosts the writer.
+        let (dev, readers) = spec.open_with_readers(Some(size), reader_pairs, |dev| {
             if !fresh {
                 return Ok(());
             }
@@ -252,8 +259,15 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         if fresh {
             println!("formatted a new log on {name}");
         }
-        let (writer, report) = recovery::open(dev, cfg.clone())
+        let (mut writer, report) = recovery::open(dev, cfg.clone())
             .with_context(|| format!("opening the log on {name}"))?;
+        if !readers.is_empty() {
+            println!(
+                "{name}: {} I/O queue pairs for reads beside the writer's",
+                readers.len()
+            );
+            writer.set_direct_reads(nvmq_log::direct::DirectReads::new(readers));
+        }
         if specs.len() > 1 {
             println!("device {}: {name}", writers.len());
         }

@@ -2,6 +2,7 @@
 //! features, I/O queue creation), fatal status detection and clean shutdown.
 
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::command::{self, Cqe, Sqe};
@@ -12,6 +13,9 @@ use super::regs::{self, cc, csts, Cap};
 use super::status::Status;
 use super::sys::{Host, HostError};
 
+/// I/O queue pairs the driver asks for at most (the NVMe limit is 65535; a loop per core needs
+/// far fewer, and each pair costs pinned memory).
+pub const MAX_IO_QUEUES: u16 = 1024;
 /// Admin queue entries (SPDK uses 32 as well).
 pub const ADMIN_ENTRIES: u16 = 32;
 /// How long one admin command may take.
@@ -51,7 +55,9 @@ pub enum InitError {
 }
 
 pub struct Controller<H: Host> {
-    pub host: H,
+    /// Shared with every I/O queue pair, which rings its own doorbells through it without
+    /// taking the controller (see [`Host`]: `Sync`).
+    pub host: Arc<H>,
     pub cap: Cap,
     pub page_size: usize,
     admin: QueuePair,
@@ -111,7 +117,7 @@ impl<H: Host> Controller<H> {
             )
         };
         let c = Controller {
-            host,
+            host: Arc::new(host),
             cap,
             page_size,
             admin,
@@ -244,12 +250,12 @@ impl<H: Host> Controller<H> {
         let cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
         self.admin.push(&sqe.with_cid(cid));
-        self.admin.ring_submissions(&self.host);
+        self.admin.ring_submissions(&*self.host);
         let start = Instant::now();
         let mut spins = 0u32;
         let cqe = loop {
             if let Some(c) = self.admin.pop() {
-                self.admin.ring_completions(&self.host);
+                self.admin.ring_completions(&*self.host);
                 if c.cid == cid {
                     break c;
                 }
@@ -330,18 +336,25 @@ impl<H: Host> Controller<H> {
         Ok(c.dw0 & 1 == 1)
     }
 
-    /// Asks for one I/O submission and one completion queue.
-    pub fn request_one_queue_pair(&mut self) -> Result<(), InitError> {
-        self.admin(
+    /// Asks for `wanted` I/O submission and as many completion queues (Set Features Number of
+    /// Queues, allowed once, before any I/O queue exists) and returns how many pairs the
+    /// controller granted: the smaller of its two answers, and never more than asked (a
+    /// controller may grant more than asked; the driver uses only what it asked for).
+    pub fn request_queues(&mut self, wanted: u16) -> Result<u16, InitError> {
+        let n = u32::from(wanted.clamp(1, MAX_IO_QUEUES) - 1);
+        let c = self.admin(
             "Set Features (Number of Queues)",
-            Sqe::set_features(command::FEAT_NUMBER_OF_QUEUES, 0),
+            Sqe::set_features(command::FEAT_NUMBER_OF_QUEUES, n << 16 | n),
         )?;
-        Ok(())
+        let (nsqa, ncqa) = (c.dw0 & 0xFFFF, c.dw0 >> 16);
+        Ok((nsqa.min(ncqa) + 1).min(n + 1) as u16)
     }
 
-    /// Creates I/O queue 1 (CQ, then SQ) of `entries` entries in `control`.
+    /// Creates I/O queue pair `qid` (CQ, then SQ, interrupts off: the owner polls) of `entries`
+    /// entries in `control`. If the SQ cannot be created, the CQ is deleted again.
     pub fn create_io_queues(
         &mut self,
+        qid: u16,
         entries: u16,
         control: &mut ControlArena,
     ) -> Result<QueuePair, InitError> {
@@ -353,23 +366,37 @@ impl<H: Host> Controller<H> {
             .ok_or(InitError::NoMemory("the I/O completion queue"))?;
         self.admin(
             "Create I/O Completion Queue",
-            Sqe::create_io_cq(1, entries, cq_iova),
+            Sqe::create_io_cq(qid, entries, cq_iova),
         )?;
-        self.admin(
+        if let Err(e) = self.admin(
             "Create I/O Submission Queue",
-            Sqe::create_io_sq(1, entries, 1, sq_iova),
-        )?;
+            Sqe::create_io_sq(qid, entries, qid, sq_iova),
+        ) {
+            let _ = self.admin("Delete I/O Completion Queue", Sqe::delete_io_cq(qid));
+            return Err(e);
+        }
         // SAFETY: freshly carved zeroed queue memory in the control arena, which outlives the pair.
-        Ok(unsafe { QueuePair::new(1, entries, sq.cast(), cq.cast(), self.cap.doorbell_stride()) })
+        Ok(unsafe {
+            QueuePair::new(
+                qid,
+                entries,
+                sq.cast(),
+                cq.cast(),
+                self.cap.doorbell_stride(),
+            )
+        })
     }
 
-    /// Deletes the I/O queues (aborting what is still in them) and performs a normal shutdown:
-    /// CC.SHN = 01b, wait for CSTS.SHST = 10b. The controller writes back its cache on the way.
-    pub fn shutdown(&mut self, io_queues: bool) -> Result<(), InitError> {
-        if io_queues {
-            let _ = self.admin("Delete I/O Submission Queue", Sqe::delete_io_sq(1));
-            let _ = self.admin("Delete I/O Completion Queue", Sqe::delete_io_cq(1));
-        }
+    /// Deletes I/O queue pair `qid`, SQ first (the controller aborts what is still in it).
+    pub fn delete_io_queues(&mut self, qid: u16) -> Result<(), InitError> {
+        let sq = self.admin("Delete I/O Submission Queue", Sqe::delete_io_sq(qid));
+        let cq = self.admin("Delete I/O Completion Queue", Sqe::delete_io_cq(qid));
+        sq.and(cq).map(|_| ())
+    }
+
+    /// A normal shutdown: CC.SHN = 01b, wait for CSTS.SHST = 10b. The controller writes back its
+    /// cache on the way. The I/O queues are deleted before, by their owners.
+    pub fn shutdown(&mut self) -> Result<(), InitError> {
         let cfg = self.host.read32(regs::CC);
         if cfg == u32::MAX {
             return Err(InitError::Gone);

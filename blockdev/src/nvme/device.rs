@@ -1,5 +1,10 @@
-//! [`NvmeDevice`]: one namespace of one controller as a [`BlockDevice`], with one polled I/O queue
-//! pair driven directly by the calling thread.
+//! [`NvmeDevice`]: one namespace of one controller as a [`BlockDevice`](crate::BlockDevice),
+//! through one polled I/O queue pair driven directly by the thread that owns it.
+//!
+//! A controller may carry several pairs ([`NvmeOptions::queue_pairs`],
+//! [`NvmeDevice::queue_pair`]): each is an `NvmeDevice` of its own, owned by one thread, with its
+//! own queues, doorbells, command slots and PRP lists, so several threads (event loops) share a
+//! namespace without a lock on the submit/reap path; what they share is in [`super::shared`].
 //!
 //! Steady state does no system call and no heap allocation per I/O: requests, command slots and
 //! PRP list pages are preallocated, buffers come from the DMA arenas, a submit only writes queue
@@ -7,20 +12,20 @@
 //! poll, reaps the completion queue and rings its head doorbell once.
 
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::command::{io, Sqe};
-use super::controller::{Controller, InitError};
-use super::dma::{self, ControlArena, DmaPool, IovaSpace, Span};
+use super::controller::{Controller, InitError, MAX_IO_QUEUES};
+use super::dma::{ControlArena, DmaPool, IovaSpace, Span};
 use super::identify::{ControllerId, NamespaceId};
 use super::prp;
 use super::queue::QueuePair;
 use super::regs;
-use super::status::Status;
-use super::sys::{Host, HostError, Memory};
+use super::shared::{map_memory, Admin, PairParts, Shared};
+use super::sys::Host;
 use super::timeout::Epochs;
-use crate::{check_io, BlockDevice, Completion, DeviceError, DeviceInfo, IoBuffer, Op, Tag};
+use crate::{DeviceError, DeviceInfo, IoBuffer, Op, Tag};
 
 /// How an [`NvmeDevice`] is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +45,10 @@ pub struct NvmeOptions {
     /// [`DeviceError::CommandTimeout`]. Checked while the driver waits on the device; precise to
     /// about an eighth of itself.
     pub io_timeout: Duration,
+    /// I/O queue pairs to ask the controller for (Set Features Number of Queues, once at
+    /// open): one for the device opened, the rest for [`NvmeDevice::queue_pair`]. The
+    /// controller may grant fewer ([`NvmeDetails::queue_pairs`]).
+    pub queue_pairs: u16,
 }
 
 impl Default for NvmeOptions {
@@ -50,6 +59,7 @@ impl Default for NvmeOptions {
             arena_bytes: 32 << 20,
             max_arenas: 4,
             io_timeout: DEFAULT_IO_TIMEOUT,
+            queue_pairs: 1,
         }
     }
 }
@@ -72,7 +82,10 @@ pub struct NvmeDetails {
     /// SMART / Health Information at open (or why it could not be read).
     pub smart: Result<crate::nvme::smart::SmartLog, String>,
     pub page_size: usize,
+    /// Entries of each I/O queue.
     pub queue_entries: u16,
+    /// I/O queue pairs the controller granted (at most [`NvmeOptions::queue_pairs`]).
+    pub queue_pairs: u16,
 }
 
 /// [`NvmeOptions::io_timeout`] by default, as Linux's nvme driver.
@@ -80,77 +93,44 @@ pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// The accepted range of [`NvmeOptions::io_timeout`].
 pub const IO_TIMEOUT_RANGE: std::ops::RangeInclusive<Duration> =
     Duration::from_millis(1)..=Duration::from_secs(3600);
-/// How long the driver waits for the controller to answer the Abort of a timed-out command.
-const ABORT_WAIT: Duration = Duration::from_secs(1);
-/// The I/O submission queue's id (the driver creates one).
-const IO_QID: u16 = 1;
-
-/// Empty polls in a row between two looks at the controller: CSTS (an MMIO read) and the clock
-/// (a system call on an HPET guest), for `wait`'s timeout and the commands' ages.
-const CLOCK_EVERY: u32 = 256;
-
 /// Control memory of the admin queues and the Identify page.
 const ADMIN_CONTROL_BYTES: usize = 64 << 10;
 
-struct Request {
-    tag: Tag,
-    op: Op,
-    lba: u64,
-    buffer: Option<IoBuffer>,
-    parts: u32,
-    active: bool,
-    error: Option<DeviceError>,
-}
-
-#[derive(Clone, Copy)]
-struct Slot {
-    request: u16,
-    lba: u64,
-    opcode: u8,
-    busy: bool,
-    /// The epoch at submission (see [`Epochs`]), for the I/O timeout.
-    epoch: u64,
-}
-
-/// One NVMe namespace over VFIO (or over any [`Host`], such as the software controller).
+/// One I/O queue pair of an NVMe namespace over VFIO (or over any [`Host`], such as the
+/// software controller), owned by one thread.
 pub struct NvmeDevice<H: Host = super::vfio::VfioHost> {
-    info: DeviceInfo,
-    details: NvmeDetails,
-    nsid: u32,
-    lba_shift: u32,
-    ctrl: Controller<H>,
-    io: QueuePair,
-    iova: IovaSpace,
-    /// Spans mapped for the device: control arenas first, then buffer arenas.
-    spans: Vec<Span>,
-    buffer_spans: usize,
-    pinned: u64,
-    pool: Arc<DmaPool>,
-    requests: Vec<Request>,
-    free_requests: Vec<u16>,
-    slots: Vec<Slot>,
-    free_slots: Vec<u16>,
-    prp_lists: NonNull<u64>,
-    prp_lists_iova: u64,
-    command_bytes: usize,
-    queue_depth: usize,
-    in_flight: usize,
-    empty_polls: u32,
-    epochs: Epochs,
+    pub(super) shared: Arc<Shared<H>>,
+    /// The controller's host, for this pair's doorbells and CSTS, without the admin lock.
+    pub(super) host: Arc<H>,
+    pub(super) qid: u16,
+    pub(super) io: QueuePair,
+    /// This pair's copy of the buffer arenas' spans, current while `arenas` equals
+    /// `Shared::arenas` (so checking a buffer takes no lock).
+    pub(super) buffer_spans: Vec<Span>,
+    pub(super) arenas: usize,
+    pub(super) requests: Vec<Request>,
+    pub(super) free_requests: Vec<u16>,
+    pub(super) slots: Vec<Slot>,
+    pub(super) free_slots: Vec<u16>,
+    pub(super) prp_lists: NonNull<u64>,
+    pub(super) prp_lists_iova: u64,
+    pub(super) in_flight: usize,
+    pub(super) empty_polls: u32,
+    pub(super) epochs: Epochs,
     /// The clock reading the last `poll` made, for `wait`'s own timeout.
-    sample: Option<Instant>,
+    pub(super) sample: Option<Instant>,
     /// Why the device stopped, when a command timed out: `poll` and `wait` report it, submits
     /// are refused with it.
-    failure: Option<DeviceError>,
-    stopped: bool,
+    pub(super) failure: Option<DeviceError>,
+    pub(super) stopped: bool,
+    /// Another pair stopped the controller (its reason is in `Shared::failure`).
+    pub(super) stopped_by_other: bool,
     closed: bool,
-    opts: NvmeOptions,
-    // Dropped after the controller is shut down and the spans unmapped (see Drop).
-    _admin_mem: ControlArena,
-    _io_mem: ControlArena,
+    /// The queues' and PRP lists' memory: unmapped and freed after the queues are deleted.
+    io_mem: ControlArena,
 }
 
-// SAFETY: prp_lists points into `_io_mem`, owned by the device; everything else is Send.
+// SAFETY: prp_lists points into `io_mem`, owned by the pair; everything else is Send.
 unsafe impl<H: Host> Send for NvmeDevice<H> {}
 
 fn open_err(label: &str, detail: String) -> DeviceError {
@@ -161,30 +141,9 @@ fn open_err(label: &str, detail: String) -> DeviceError {
     }
 }
 
-/// Maps `len` bytes of fresh memory for the device.
-fn map_memory<H: Host>(
-    host: &mut H,
-    iova: &mut IovaSpace,
-    pinned: &mut u64,
-    len: usize,
-) -> Result<(Memory, u64), HostError> {
-    let mem = Memory::anonymous(len)?;
-    dma::check_memlock(host.memlock(), *pinned + mem.len() as u64)?;
-    let at = iova.alloc(mem.len(), dma::ARENA_ALIGN)?;
-    // SAFETY: the memory is owned by the device (control arenas) or its pool (buffer arenas),
-    // both of which outlive the mapping: the device unmaps every span in Drop before they go.
-    unsafe { host.dma_map(mem.as_ptr(), mem.len(), at)? };
-    *pinned += mem.len() as u64;
-    Ok((mem, at))
-}
-
 impl<H: Host> NvmeDevice<H> {
     /// Brings up the controller behind `host` and opens namespace `nsid`.
-    pub fn with_host(
-        mut host: H,
-        nsid: u32,
-        opts: NvmeOptions,
-    ) -> Result<NvmeDevice<H>, DeviceError> {
+    pub fn with_host(host: H, nsid: u32, opts: NvmeOptions) -> Result<NvmeDevice<H>, DeviceError> {
         let label = format!("nvme:{} ns {nsid}", host.name());
         let err = |detail: String| open_err(&label, detail);
         if opts.queue_depth == 0 || opts.queue_depth > 4096 {
@@ -200,6 +159,12 @@ impl<H: Host> NvmeDevice<H> {
                 "NvmeOptions::arena_bytes must hold one max_transfer buffer and max_arenas be at least 1".into(),
             ));
         }
+        if opts.queue_pairs == 0 || opts.queue_pairs > MAX_IO_QUEUES {
+            return Err(err(format!(
+                "NvmeOptions::queue_pairs must be 1..={MAX_IO_QUEUES}, not {}",
+                opts.queue_pairs
+            )));
+        }
         if !IO_TIMEOUT_RANGE.contains(&opts.io_timeout) {
             return Err(err(format!(
                 "NvmeOptions::io_timeout must be 1 ms to 1 hour, not {:?}",
@@ -208,7 +173,7 @@ impl<H: Host> NvmeDevice<H> {
         }
         let mut iova = IovaSpace::new(host.iova_ranges());
         let mut pinned = 0u64;
-        let (mem, at) = map_memory(&mut host, &mut iova, &mut pinned, ADMIN_CONTROL_BYTES)
+        let (mem, at) = map_memory(&host, &mut iova, &mut pinned, ADMIN_CONTROL_BYTES)
             .map_err(|e| err(e.to_string()))?;
         let mut admin_mem = ControlArena::new(mem, at);
         let ctrl = Controller::start(host, &mut admin_mem).map_err(|e| err(e.to_string()))?;
@@ -261,8 +226,16 @@ impl<H: Host> NvmeDevice<H> {
         };
         // Health is reported, never a reason to refuse the drive here: tools judge it.
         let smart = ctrl.smart_log().map_err(|e| e.to_string());
-        ctrl.request_one_queue_pair()
+        let granted = ctrl
+            .request_queues(opts.queue_pairs)
             .map_err(|e| err(e.to_string()))?;
+        let bar_needs = regs::cq_head_doorbell(granted, ctrl.cap.doorbell_stride()) + 4;
+        if ctrl.host.bar_len() < bar_needs {
+            return Err(err(format!(
+                "BAR0 is {} bytes, the doorbells of {granted} I/O queue pairs need {bar_needs}",
+                ctrl.host.bar_len()
+            )));
+        }
 
         // Geometry of the I/O path.
         let page = ctrl.page_size;
@@ -291,21 +264,9 @@ impl<H: Host> NvmeDevice<H> {
         }
         let slot_count = queue_depth * parts;
         let entries = (slot_count + 1) as u16;
-        let io_bytes = (usize::from(entries) * 64).next_multiple_of(page)
-            + (usize::from(entries) * 16).next_multiple_of(page)
-            + slot_count * page;
-        let (mem, at) = map_memory(&mut ctrl.host, &mut iova, &mut pinned, io_bytes)
-            .map_err(|e| err(e.to_string()))?;
-        let mut io_mem = ControlArena::new(mem, at);
-        let io = ctrl
-            .create_io_queues(entries, &mut io_mem)
-            .map_err(|e| err(e.to_string()))?;
-        let (lists, lists_iova) = io_mem
-            .carve(slot_count * page, page)
-            .ok_or_else(|| err("out of control memory for PRP lists".into()))?;
 
         let pool = Arc::new(DmaPool::default());
-        let (mem, at) = map_memory(&mut ctrl.host, &mut iova, &mut pinned, opts.arena_bytes)
+        let (mem, at) = map_memory(&*ctrl.host, &mut iova, &mut pinned, opts.arena_bytes)
             .map_err(|e| err(e.to_string()))?;
         let arena_span = Span {
             vaddr: mem.as_ptr() as usize,
@@ -362,7 +323,69 @@ impl<H: Host> NvmeDevice<H> {
             smart,
             page_size: page,
             queue_entries: entries,
+            queue_pairs: granted,
         };
+        let host = Arc::clone(&ctrl.host);
+        let shared = Arc::new(Shared {
+            admin: Mutex::new(Admin {
+                ctrl,
+                iova,
+                pinned,
+                buffer_spans: vec![arena_span],
+                admin_span: admin_mem.span,
+                free_qids: (1..=granted).rev().collect(),
+                closed: false,
+                _admin_mem: admin_mem,
+            }),
+            host,
+            pool,
+            arenas: AtomicUsize::new(1),
+            stopped: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            info,
+            details,
+            nsid,
+            lba_shift: fmt.lbads.into(),
+            command_bytes,
+            queue_depth,
+            opts,
+        });
+        match NvmeDevice::pair(&shared) {
+            Ok(Some(dev)) => Ok(dev),
+            Ok(None) => Err(err("the controller granted no I/O queue pair".into())),
+            Err(e) => {
+                // Not shut down normally: nothing was written, and the admin queue may be stuck.
+                shared.stop(None);
+                Err(e)
+            }
+        }
+    }
+
+    /// Another I/O queue pair on the same controller and namespace, for another thread: it
+    /// shares the controller, the DMA buffer pool and the geometry, and nothing on the I/O path
+    /// (its own queues, doorbells, command slots and PRP lists, no lock). `Ok(None)` when every
+    /// pair the controller granted ([`NvmeDetails::queue_pairs`]) is in use: the caller then
+    /// shares a pair it has, through its owner. An error (a failed Create I/O Queue, no memory)
+    /// names the pair and the step.
+    ///
+    /// The controller shuts down (CC.SHN) when its last pair is dropped or closed.
+    pub fn queue_pair(&self) -> Result<Option<NvmeDevice<H>>, DeviceError> {
+        NvmeDevice::pair(&self.shared)
+    }
+
+    fn pair(shared: &Arc<Shared<H>>) -> Result<Option<NvmeDevice<H>>, DeviceError> {
+        let Some(p) = shared.open_pair()? else {
+            return Ok(None);
+        };
+        let PairParts {
+            qid,
+            io,
+            mem,
+            prp_lists,
+            prp_lists_iova,
+        } = p;
+        let queue_depth = shared.queue_depth;
+        let slot_count = usize::from(shared.details.queue_entries) - 1;
         let requests = (0..queue_depth)
             .map(|_| Request {
                 tag: 0,
@@ -374,18 +397,14 @@ impl<H: Host> NvmeDevice<H> {
                 error: None,
             })
             .collect();
-        Ok(NvmeDevice {
-            info,
-            details,
-            nsid,
-            lba_shift: fmt.lbads.into(),
-            ctrl,
+        let buffer_spans = shared.lock().buffer_spans.clone();
+        Ok(Some(NvmeDevice {
+            host: Arc::clone(&shared.host),
+            arenas: buffer_spans.len(),
+            buffer_spans,
+            shared: Arc::clone(shared),
+            qid,
             io,
-            spans: vec![admin_mem.span, io_mem.span, arena_span],
-            buffer_spans: 1,
-            iova,
-            pinned,
-            pool,
             requests,
             free_requests: (0..queue_depth as u16).rev().collect(),
             slots: vec![
@@ -399,329 +418,91 @@ impl<H: Host> NvmeDevice<H> {
                 slot_count
             ],
             free_slots: (0..slot_count as u16).rev().collect(),
-            prp_lists: lists.cast(),
-            prp_lists_iova: lists_iova,
-            command_bytes,
-            queue_depth,
+            prp_lists: prp_lists.cast(),
+            prp_lists_iova,
             in_flight: 0,
             empty_polls: 0,
-            epochs: Epochs::new(opts.io_timeout),
+            epochs: Epochs::new(shared.opts.io_timeout),
             sample: None,
             failure: None,
             stopped: false,
+            stopped_by_other: false,
             closed: false,
-            opts,
-            _admin_mem: admin_mem,
-            _io_mem: io_mem,
-        })
+            io_mem: mem,
+        }))
     }
 
     /// What the controller reported at open.
     pub fn details(&self) -> &NvmeDetails {
-        &self.details
+        &self.shared.details
     }
 
-    /// Whether the device stopped after a controller failure.
+    /// This pair's I/O queue id (1 for the pair opened first).
+    pub fn queue_id(&self) -> u16 {
+        self.qid
+    }
+
+    /// Whether the device stopped after a controller failure (found by this pair or another).
     pub fn is_stopped(&self) -> bool {
-        self.stopped
+        self.stopped || self.shared.stopped.load(Ordering::Acquire)
     }
 
-    /// Shuts the controller down cleanly (delete the I/O queues, CC.SHN normal shutdown, which
-    /// also writes back its cache) and unmaps the DMA memory. Dropping does the same but cannot
-    /// report a failure.
+    /// Deletes this pair's queues and, if it is the controller's last pair, shuts the
+    /// controller down cleanly (CC.SHN normal shutdown, which also writes back its cache) and
+    /// unmaps the DMA memory. Dropping does the same but cannot report a failure.
     pub fn close(mut self) -> Result<(), DeviceError> {
-        self.shutdown()
+        let pair = self.release();
+        // The pair's memory goes now; the controller goes with its last pair.
+        let shared = Arc::clone(&self.shared);
+        drop(self);
+        let last = Arc::into_inner(shared).map_or(Ok(()), |s| s.shutdown());
+        pair.and(last)
     }
 
-    fn shutdown(&mut self) -> Result<(), DeviceError> {
+    fn release(&mut self) -> Result<(), DeviceError> {
         if self.closed {
             return Ok(());
         }
         self.closed = true;
-        let label = format!("nvme:{} ns {}", self.details.pci, self.nsid);
-        let mut result = Ok(());
-        if !self.stopped {
-            if let Err(e) = self.ctrl.shutdown(true) {
-                result = Err(open_err(&label, format!("shutdown failed: {e}")));
-                let _ = self.ctrl.disable();
-                self.ctrl.stop_dma();
-            }
-        }
-        // The controller no longer touches memory; buffers of unfinished I/Os may go back.
+        let r = self.shared.close_pair(self.qid, self.io_mem.span);
+        // The controller no longer touches this pair's memory; buffers of unfinished I/Os may go
+        // back.
         for r in &mut self.requests {
             r.buffer = None;
         }
-        for s in &self.spans {
-            if let Err(e) = self.ctrl.host.dma_unmap(s.iova, s.len) {
-                if result.is_ok() {
-                    result = Err(open_err(&label, e.to_string()));
-                }
-            }
-        }
         self.stopped = true;
-        result
+        r
     }
 
-    fn map_arena(&mut self, len: usize) -> Result<(), DeviceError> {
-        let (mem, at) = map_memory(&mut self.ctrl.host, &mut self.iova, &mut self.pinned, len)
-            .map_err(|e| DeviceError::Io {
-                op: Op::Allocate,
-                lba: 0,
-                detail: e.to_string(),
-            })?;
-        self.spans.push(Span {
-            vaddr: mem.as_ptr() as usize,
-            iova: at,
-            len: mem.len(),
-        });
-        self.buffer_spans += 1;
-        self.pool.add_arena(mem, at);
+    pub(super) fn map_arena(&mut self, len: usize) -> Result<(), DeviceError> {
+        self.shared.map_arena(len)?;
+        self.refresh_spans();
         Ok(())
+    }
+
+    /// Takes a fresh copy of the buffer arenas' spans when another pair mapped one.
+    pub(super) fn refresh_spans(&mut self) {
+        let now = self.shared.arenas.load(Ordering::Acquire);
+        if now != self.arenas {
+            self.buffer_spans = self.shared.lock().buffer_spans.clone();
+            self.arenas = self.buffer_spans.len();
+        }
     }
 
     /// The device address of a buffer, if it lies in one of our buffer arenas.
-    fn buffer_iova(&self, b: &IoBuffer) -> Option<u64> {
-        let ptr = b.as_ptr() as usize;
-        let spans = &self.spans[self.spans.len() - self.buffer_spans..];
-        spans
-            .iter()
-            .find_map(|s| s.iova_of(ptr, b.capacity()))
-            .filter(|&iova| iova == b.iova())
-    }
-
-    /// Queues a read without the capacity check, so a driver check can see the controller's own
-    /// answer to blocks past the end (LBA Out of Range) and that the queue goes on working after
-    /// an error completion. Everything else is checked as for `submit_read`.
-    pub fn submit_read_unchecked(
-        &mut self,
-        tag: Tag,
-        lba: u64,
-        buffer: IoBuffer,
-    ) -> Result<(), DeviceError> {
-        self.submit_io(Op::Read, tag, lba, buffer, false)
-    }
-
-    fn submit_io(
-        &mut self,
-        op: Op,
-        tag: Tag,
-        lba: u64,
-        buffer: IoBuffer,
-        range_check: bool,
-    ) -> Result<(), DeviceError> {
-        if self.stopped {
-            return Err(self.refusal(op, lba));
-        }
-        let len = buffer.len();
-        match check_io(&self.info, op, lba, len) {
-            // Reported only once the length and alignment checks passed.
-            Err(DeviceError::OutOfRange { .. }) if !range_check => {}
-            r => r?,
-        }
-        let Some(iova) = self.buffer_iova(&buffer) else {
-            return Err(DeviceError::BadRequest {
-                op,
-                lba,
-                len,
-                why: "the buffer is not DMA memory of this device; allocate it with alloc_buffer",
-            });
+    pub(super) fn buffer_iova(&mut self, b: &IoBuffer) -> Option<u64> {
+        let find = |spans: &[Span]| {
+            let ptr = b.as_ptr() as usize;
+            spans
+                .iter()
+                .find_map(|s| s.iova_of(ptr, b.capacity()))
+                .filter(|&iova| iova == b.iova())
         };
-        let parts = len.div_ceil(self.command_bytes);
-        let Some(&r) = self.free_requests.last() else {
-            return Err(DeviceError::QueueFull {
-                op,
-                lba,
-                depth: self.in_flight,
-            });
-        };
-        if self.free_slots.len() < parts {
-            return Err(DeviceError::QueueFull {
-                op,
-                lba,
-                depth: self.in_flight,
-            });
-        }
-        let opcode = if op == Op::Write { io::WRITE } else { io::READ };
-        let page = self.details.page_size;
-        let tail = self.io.tail();
-        for k in 0..parts {
-            let off = k * self.command_bytes;
-            let n = self.command_bytes.min(len - off);
-            let part_lba = lba + (off >> self.lba_shift) as u64;
-            let s = self.free_slots[self.free_slots.len() - 1 - k];
-            // SAFETY: slot s owns PRP list page s of the control arena; the slot is free, so the
-            // controller is not reading that page.
-            let list = unsafe {
-                std::slice::from_raw_parts_mut(
-                    self.prp_lists.as_ptr().add(usize::from(s) * page / 8),
-                    page / 8,
-                )
-            };
-            let list_iova = self.prp_lists_iova + (usize::from(s) * page) as u64;
-            let prps = match prp::build(iova + off as u64, n, page, list, list_iova) {
-                Ok(p) => p,
-                Err(_) => {
-                    self.io.rewind(tail);
-                    return Err(DeviceError::BadRequest {
-                        op,
-                        lba,
-                        len,
-                        why: "the buffer cannot be described with PRPs",
-                    });
-                }
-            };
-            let blocks = (n >> self.lba_shift) as u32;
-            let sqe = Sqe::read_write(opcode, self.nsid, part_lba, blocks, prps.prp1, prps.prp2);
-            self.io.push(&sqe.with_cid(s));
-            self.slots[usize::from(s)] = Slot {
-                request: r,
-                lba: part_lba,
-                opcode,
-                busy: true,
-                epoch: self.epochs.stamp(),
-            };
-        }
-        self.free_slots.truncate(self.free_slots.len() - parts);
-        self.free_requests.pop();
-        self.requests[usize::from(r)] = Request {
-            tag,
-            op,
-            lba,
-            buffer: Some(buffer),
-            parts: parts as u32,
-            active: true,
-            error: None,
-        };
-        self.in_flight += 1;
-        Ok(())
-    }
-
-    /// Why a submit is refused once the device has stopped.
-    fn refusal(&self, op: Op, lba: u64) -> DeviceError {
-        match &self.failure {
-            Some(e) => DeviceError::Failed {
-                op,
-                lba,
-                reason: Box::new(e.clone()),
-            },
-            None => DeviceError::Stopped { op, lba },
-        }
-    }
-
-    /// Stops the device after the controller failed: disables it (so it can no longer complete
-    /// anything, late or not), turns off its DMA and fails every I/O in flight with the error
-    /// `error(request index, op, lba)` gives, handing the buffers back.
-    fn fail_all(
-        &mut self,
-        out: &mut Vec<Completion>,
-        error: impl Fn(usize, Op, u64) -> DeviceError,
-    ) -> usize {
-        self.stopped = true;
-        let _ = self.ctrl.disable();
-        self.ctrl.stop_dma();
-        let mut n = 0;
-        for (i, r) in self.requests.iter_mut().enumerate() {
-            if !r.active {
-                continue;
-            }
-            r.active = false;
-            out.push(Completion {
-                tag: r.tag,
-                op: r.op,
-                lba: r.lba,
-                buffer: r.buffer.take(),
-                result: Err(error(i, r.op, r.lba)),
-            });
-            self.free_requests.push(i as u16);
-            n += 1;
-        }
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            if s.busy {
-                s.busy = false;
-                self.free_slots.push(i as u16);
-            }
-        }
-        self.in_flight = 0;
-        n
-    }
-
-    fn check_fatal(&mut self, out: &mut Vec<Completion>) -> usize {
-        match self.ctrl.fatal_status() {
-            None => 0,
-            Some(csts) => {
-                let detail = format!(
-                    "the NVMe controller {} reported a fatal status (CSTS={csts:#x}, CFS set or \
-                     device gone); the device is stopped: reset the controller (rebind or reboot) \
-                     before recovery and check its health",
-                    self.details.pci
-                );
-                self.fail_all(out, |_, op, lba| io_error(op, lba, &detail))
-            }
-        }
-    }
-
-    /// Takes a clock reading (made after `CLOCK_EVERY` empty polls) and fails the device when
-    /// the oldest command in flight has exceeded the I/O timeout.
-    fn check_timeout(&mut self, now: Instant, out: &mut Vec<Completion>) -> Option<DeviceError> {
-        self.epochs.observe(now);
-        if !self.epochs.may_have_expired(now) {
-            return None;
-        }
-        // The hint may be stale (its command completed): find the true oldest.
-        let oldest = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.busy)
-            .min_by_key(|(_, s)| s.epoch)
-            .map(|(cid, s)| (cid, *s));
-        self.epochs.set_oldest(oldest.map(|(_, s)| s.epoch));
-        let (cid, slot) = oldest?;
-        let waited = self.epochs.age(slot.epoch, now);
-        if waited < self.epochs.timeout() {
-            return None;
-        }
-        let cid = cid as u16;
-        let abort = match self
-            .ctrl
-            .abort(IO_QID, cid, self.epochs.timeout().min(ABORT_WAIT))
-        {
-            Ok(true) => "an Abort was sent and the controller aborted the command".to_string(),
-            Ok(false) => "an Abort was sent but the controller did not abort the command".into(),
-            Err(e) => format!("the Abort sent for it failed: {e}"),
-        };
-        let request = usize::from(slot.request);
-        let error = DeviceError::CommandTimeout {
-            op: self.requests[request].op,
-            lba: slot.lba,
-            opcode: slot.opcode,
-            cid,
-            qid: IO_QID,
-            waited_ms: waited.as_millis() as u64,
-            timeout_ms: self.epochs.timeout().as_millis() as u64,
-            abort,
-        };
-        self.fail_all(out, |i, op, lba| {
-            if i == request {
-                error.clone()
-            } else {
-                DeviceError::Failed {
-                    op,
-                    lba,
-                    reason: Box::new(error.clone()),
-                }
-            }
-        });
-        self.failure = Some(error.clone());
-        Some(error)
-    }
-}
-
-fn io_error(op: Op, lba: u64, detail: &str) -> DeviceError {
-    DeviceError::Io {
-        op,
-        lba,
-        detail: detail.to_string(),
+        find(&self.buffer_spans).or_else(|| {
+            // An arena another pair mapped since our last look.
+            self.refresh_spans();
+            find(&self.buffer_spans)
+        })
     }
 }
 
@@ -736,197 +517,40 @@ impl<H: Host> Drop for InitGuard<H> {
     }
 }
 
-impl<H: Host> BlockDevice for NvmeDevice<H> {
-    fn info(&self) -> &DeviceInfo {
-        &self.info
-    }
-
-    /// A zeroed buffer from the DMA arenas, page aligned, of a power-of-two capacity; maps another
-    /// arena (up to `NvmeOptions::max_arenas`) when they are full.
-    fn alloc_buffer(&mut self, len: usize) -> Result<IoBuffer, DeviceError> {
-        if len == 0 {
-            return Err(DeviceError::BadRequest {
-                op: Op::Allocate,
-                lba: 0,
-                len,
-                why: "a buffer of zero bytes",
-            });
-        }
-        loop {
-            if let Some(b) = self.pool.alloc(len)? {
-                return Ok(b);
-            }
-            if self.buffer_spans >= self.opts.max_arenas {
-                return Err(DeviceError::BadRequest {
-                    op: Op::Allocate,
-                    lba: 0,
-                    len,
-                    why: "the DMA arenas are full; raise NvmeOptions::arena_bytes or max_arenas",
-                });
-            }
-            let size = dma::class_size(len).map_or(len, |(_, s)| s);
-            self.map_arena(self.opts.arena_bytes.max(size))?;
-        }
-    }
-
-    fn queue_depth(&self) -> usize {
-        self.queue_depth
-    }
-
-    fn submit_write(&mut self, tag: Tag, lba: u64, buffer: IoBuffer) -> Result<(), DeviceError> {
-        self.submit_io(Op::Write, tag, lba, buffer, true)
-    }
-
-    fn submit_read(&mut self, tag: Tag, lba: u64, buffer: IoBuffer) -> Result<(), DeviceError> {
-        self.submit_io(Op::Read, tag, lba, buffer, true)
-    }
-
-    /// Queues an NVMe Flush. The controller learns of it at the next `poll`, after every write
-    /// whose completion was delivered before this call had completed, so the Flush covers them.
-    fn submit_flush(&mut self, tag: Tag) -> Result<(), DeviceError> {
-        if self.stopped {
-            return Err(self.refusal(Op::Flush, 0));
-        }
-        let (Some(&r), Some(&s)) = (self.free_requests.last(), self.free_slots.last()) else {
-            return Err(DeviceError::QueueFull {
-                op: Op::Flush,
-                lba: 0,
-                depth: self.in_flight,
-            });
-        };
-        self.free_requests.pop();
-        self.free_slots.pop();
-        self.io.push(&Sqe::flush(self.nsid).with_cid(s));
-        self.slots[usize::from(s)] = Slot {
-            request: r,
-            lba: 0,
-            opcode: io::FLUSH,
-            busy: true,
-            epoch: self.epochs.stamp(),
-        };
-        self.requests[usize::from(r)] = Request {
-            tag,
-            op: Op::Flush,
-            lba: 0,
-            buffer: None,
-            parts: 1,
-            active: true,
-            error: None,
-        };
-        self.in_flight += 1;
-        Ok(())
-    }
-
-    /// After a command timed out, every call returns that [`DeviceError::CommandTimeout`] (the
-    /// call that found it also hands back every I/O in flight, failed); nothing more is reaped,
-    /// so a late completion of the command is never reported.
-    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError> {
-        if let Some(e) = &self.failure {
-            return Err(e.clone());
-        }
-        if self.stopped {
-            return Ok(0);
-        }
-        self.io.ring_submissions(&self.ctrl.host);
-        let mut delivered = 0;
-        let mut reaped = 0;
-        while let Some(cqe) = self.io.pop() {
-            reaped += 1;
-            let cid = usize::from(cqe.cid);
-            let Some(slot) = self.slots.get(cid).copied().filter(|s| s.busy) else {
-                self.io.ring_completions(&self.ctrl.host);
-                let detail = format!(
-                    "the NVMe controller {} completed command id {cid}, which is not in flight; \
-                     the device is stopped",
-                    self.details.pci
-                );
-                return Ok(delivered + self.fail_all(out, |_, op, lba| io_error(op, lba, &detail)));
-            };
-            self.slots[cid].busy = false;
-            self.free_slots.push(cid as u16);
-            let status = Status::from_field(cqe.status_field());
-            let ri = usize::from(slot.request);
-            let req = &mut self.requests[ri];
-            if !status.is_success() && req.error.is_none() {
-                req.error = Some(status.to_error(req.op, slot.lba, slot.opcode));
-            }
-            req.parts -= 1;
-            if req.parts == 0 {
-                req.active = false;
-                out.push(Completion {
-                    tag: req.tag,
-                    op: req.op,
-                    lba: req.lba,
-                    buffer: req.buffer.take(),
-                    result: req.error.take().map_or(Ok(()), Err),
-                });
-                self.free_requests.push(slot.request);
-                self.in_flight -= 1;
-                delivered += 1;
-            }
-        }
-        self.io.ring_completions(&self.ctrl.host);
-        if reaped == 0 && self.in_flight > 0 {
-            self.empty_polls = self.empty_polls.wrapping_add(1);
-            // CSTS is an MMIO read, slow on real hardware, and the clock may be a system call:
-            // look only once the controller has kept us waiting a while, never per I/O.
-            if self.empty_polls.is_multiple_of(CLOCK_EVERY) {
-                delivered += self.check_fatal(out);
-                if !self.stopped {
-                    let now = self.ctrl.host.now();
-                    self.sample = Some(now);
-                    if let Some(e) = self.check_timeout(now, out) {
-                        return Err(e);
-                    }
-                }
-            }
-        } else {
-            self.empty_polls = 0;
-        }
-        Ok(delivered)
-    }
-
-    /// Spins on `poll` until something completes or `timeout` passes; returns at once when
-    /// nothing is in flight. The clock is read by `poll` after `CLOCK_EVERY` empty polls in a row
-    /// and then every `CLOCK_EVERY`, so a wait that the controller answers promptly reads it
-    /// never (in a guest whose clocksource is HPET each read is a system call); the timeout counts
-    /// from the first read. Those readings also age the commands in flight: a command older than
-    /// `NvmeOptions::io_timeout` fails the wait with [`DeviceError::CommandTimeout`].
-    fn wait(&mut self, out: &mut Vec<Completion>, timeout: Duration) -> Result<usize, DeviceError> {
-        let mut start = None;
-        self.sample = None;
-        loop {
-            let n = self.poll(out)?;
-            if n > 0 || self.in_flight == 0 {
-                return Ok(n);
-            }
-            if let Some(now) = self.sample.take() {
-                if now.duration_since(*start.get_or_insert(now)) >= timeout {
-                    return Ok(0);
-                }
-            }
-            std::hint::spin_loop();
-        }
-    }
-
-    fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-}
-
 impl<H: Host> Drop for NvmeDevice<H> {
     fn drop(&mut self) {
-        let _ = self.shutdown();
+        let _ = self.release();
     }
 }
 
 impl<H: Host> std::fmt::Debug for NvmeDevice<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NvmeDevice")
-            .field("info", &self.info)
-            .field("queue_depth", &self.queue_depth)
+            .field("info", &self.shared.info)
+            .field("qid", &self.qid)
+            .field("queue_depth", &self.shared.queue_depth)
             .field("in_flight", &self.in_flight)
             .field("stopped", &self.stopped)
             .finish()
     }
+}
+
+pub(super) struct Request {
+    pub(super) tag: Tag,
+    pub(super) op: Op,
+    pub(super) lba: u64,
+    pub(super) buffer: Option<IoBuffer>,
+    pub(super) parts: u32,
+    pub(super) active: bool,
+    pub(super) error: Option<DeviceError>,
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct Slot {
+    pub(super) request: u16,
+    pub(super) lba: u64,
+    pub(super) opcode: u8,
+    pub(super) busy: bool,
+    /// The epoch at submission (see [`Epochs`]), for the I/O timeout.
+    pub(super) epoch: u64,
 }

@@ -187,10 +187,10 @@ mod tests {
                 privileged: true,
             }
         }
-        unsafe fn dma_map(&mut self, _: *mut u8, _: usize, _: u64) -> Result<(), HostError> {
+        unsafe fn dma_map(&self, _: *mut u8, _: usize, _: u64) -> Result<(), HostError> {
             Ok(())
         }
-        fn dma_unmap(&mut self, _: u64, _: usize) -> Result<(), HostError> {
+        fn dma_unmap(&self, _: u64, _: usize) -> Result<(), HostError> {
             Ok(())
         }
     }

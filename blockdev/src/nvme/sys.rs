@@ -130,7 +130,12 @@ pub fn group_open_hint(e: &io::Error) -> &'static str {
 ///
 /// Register access takes `&self` and never fails: an MMIO access cannot report an error (a
 /// surprise-removed device reads as all ones, which the controller code treats as fatal).
-pub trait Host: Send {
+///
+/// `Sync` because every I/O queue pair of a controller is driven by its own thread, each
+/// writing its own doorbells through the one host without a lock (a doorbell is a single
+/// 32-bit MMIO store, and distinct queues have distinct doorbell registers); the rare calls
+/// that change the host's state (DMA mappings) are made under the controller's admin lock.
+pub trait Host: Send + Sync {
     /// The PCI address, for messages.
     fn name(&self) -> &str;
 
@@ -159,8 +164,8 @@ pub trait Host: Send {
     /// # Safety
     /// The memory must stay allocated until [`Host::dma_unmap`] of the same range has returned,
     /// or until the host is dropped.
-    unsafe fn dma_map(&mut self, vaddr: *mut u8, len: usize, iova: u64) -> Result<(), HostError>;
-    fn dma_unmap(&mut self, iova: u64, len: usize) -> Result<(), HostError>;
+    unsafe fn dma_map(&self, vaddr: *mut u8, len: usize, iova: u64) -> Result<(), HostError>;
+    fn dma_unmap(&self, iova: u64, len: usize) -> Result<(), HostError>;
 
     /// The time, for the I/O path's timeouts. Where the clocksource has no vDSO path (HPET, as
     /// in a QEMU/TCG guest and some VMs) every read is a `clock_gettime` system call, so the I/O

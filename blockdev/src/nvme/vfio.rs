@@ -205,6 +205,10 @@ pub struct VfioHost {
 
 // SAFETY: the BAR mapping is owned by this value and only accessed through it.
 unsafe impl Send for VfioHost {}
+// SAFETY: shared use touches the BAR only through `read32`/`write32`, single aligned volatile
+// 32-bit accesses, which the device serialises itself (each I/O queue pair's thread writes only
+// its own doorbells); the files are used through ioctls, which the kernel serialises.
+unsafe impl Sync for VfioHost {}
 
 fn open_rw(path: &str) -> io::Result<File> {
     OpenOptions::new().read(true).write(true).open(path)
@@ -475,7 +479,7 @@ impl Host for VfioHost {
         self.memlock
     }
 
-    unsafe fn dma_map(&mut self, vaddr: *mut u8, len: usize, iova: u64) -> Result<(), HostError> {
+    unsafe fn dma_map(&self, vaddr: *mut u8, len: usize, iova: u64) -> Result<(), HostError> {
         let mut m = DmaMap {
             argsz: std::mem::size_of::<DmaMap>() as u32,
             flags: VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
@@ -488,7 +492,7 @@ impl Host for VfioHost {
             .map_err(|source| HostError::DmaMap { iova, len, source })
     }
 
-    fn dma_unmap(&mut self, iova: u64, len: usize) -> Result<(), HostError> {
+    fn dma_unmap(&self, iova: u64, len: usize) -> Result<(), HostError> {
         let mut m = DmaUnmap {
             argsz: std::mem::size_of::<DmaUnmap>() as u32,
             flags: 0,

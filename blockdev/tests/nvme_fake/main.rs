@@ -20,6 +20,7 @@ type Dev = NvmeDevice<fake::FakeHost>;
 mod bringup;
 mod lifecycle;
 mod model;
+mod pairs;
 mod queues;
 mod timeout;
 

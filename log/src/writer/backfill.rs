@@ -11,6 +11,17 @@ impl<D: BlockDevice> Writer<D> {
         self.backfill.take()
     }
 
+    /// Gives the log read-only queue pairs of this writer's device (an NVMe controller's extra
+    /// I/O queue pairs), on which readers read the log themselves instead of through the
+    /// writer; the `Log` made from this writer takes them.
+    pub fn set_direct_reads(&mut self, pairs: crate::direct::DirectReads) {
+        self.direct = (!pairs.is_empty()).then_some(pairs);
+    }
+
+    pub(crate) fn take_direct_reads(&mut self) -> Option<crate::direct::DirectReads> {
+        self.direct.take()
+    }
+
     /// Runs the background index rebuild right here, for owners that step the writer themselves
     /// (simulations, tools): `read` fetches raw log bytes by stepping this writer.
     pub fn backfill_with(

@@ -245,6 +245,8 @@ pub struct Writer<D: BlockDevice> {
     closing: bool,
     /// The background index rebuild, until its owner takes it to run.
     backfill: Option<Backfill>,
+    /// Read-only queue pairs of the device for readers (`Log` takes them; `direct.rs`).
+    direct: Option<crate::direct::DirectReads>,
     /// Until the rebuild is installed, retention frees nothing: the batches below the recovery
     /// point are not known yet.
     backfill_pending: bool,
@@ -386,6 +388,7 @@ impl<D: BlockDevice> Writer<D> {
             last_flush_ns: 0,
             closing: false,
             backfill: resume.backfill,
+            direct: None,
             backfill_pending: resume.backfill.is_some(),
             batches: VecDeque::new(),
             writes_in_flight: 0,

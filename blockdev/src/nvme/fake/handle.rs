@@ -18,6 +18,11 @@ impl FakeHandle {
         lock(&self.state).fail_next = Some((opcode, Status::field(sct, sc, dnr)));
     }
 
+    /// The next Create I/O Completion Queue fails with Internal Error (SC 06h).
+    pub fn fail_next_queue_creation(&self) {
+        lock(&self.state).fail_create = true;
+    }
+
     /// The next DMA mapping fails (as with a too low RLIMIT_MEMLOCK inside the kernel).
     pub fn fail_next_dma_map(&self) {
         lock(&self.state).fail_dma_map = true;

@@ -101,7 +101,7 @@ impl Host for FakeHost {
         self.memlock
     }
 
-    unsafe fn dma_map(&mut self, vaddr: *mut u8, len: usize, iova: u64) -> Result<(), HostError> {
+    unsafe fn dma_map(&self, vaddr: *mut u8, len: usize, iova: u64) -> Result<(), HostError> {
         let mut s = lock(&self.state);
         let inside = s.cfg.iova_ranges.is_empty()
             || s.cfg
@@ -126,7 +126,7 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    fn dma_unmap(&mut self, iova: u64, len: usize) -> Result<(), HostError> {
+    fn dma_unmap(&self, iova: u64, len: usize) -> Result<(), HostError> {
         let mut s = lock(&self.state);
         s.maps.retain(|m| !(m.iova == iova && m.len == len));
         Ok(())

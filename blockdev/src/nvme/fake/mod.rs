@@ -57,6 +57,9 @@ pub struct FakeConfig {
     pub never_ready: bool,
     /// The controller starts enabled and ready, as another driver left it.
     pub start_enabled: bool,
+    /// I/O queue pairs the controller grants at most (Set Features Number of Queues answers
+    /// with the smaller of this and what was asked).
+    pub io_queues: u16,
     /// Time the controller's work on every register write (`FakeStats::controller_ns`), so that
     /// a benchmark can tell the driver's cost from the software controller's.
     pub timed: bool,
@@ -92,6 +95,7 @@ impl Default for FakeConfig {
             bar_len: 0x4000,
             never_ready: false,
             start_enabled: false,
+            io_queues: 4,
             timed: false,
         }
     }
@@ -122,6 +126,11 @@ pub struct FakeStats {
     pub mapped_bytes: u64,
     /// Set Features Number of Queues was seen before any I/O queue was created.
     pub queues_requested: bool,
+    /// I/O queue pairs the last Set Features Number of Queues granted.
+    pub queues_granted: u16,
+    /// I/O commands taken off each submission queue, by queue id (index 0, the admin queue,
+    /// stays 0).
+    pub commands_per_queue: Vec<u64>,
     /// Calls of [`Host::now`]: each one is a system call on a guest whose clocksource is HPET.
     pub clock_reads: u64,
     /// (SQID, CID) of every Abort command, in order.
@@ -167,8 +176,14 @@ struct State {
     acq: u64,
     pci_command: u16,
     maps: Vec<Map>,
-    sqs: [Option<Sq>; 2],
-    cqs: [Option<Cq>; 2],
+    /// Indexed by queue id: the admin queue, then `FakeConfig::io_queues` I/O queues.
+    sqs: Vec<Option<Sq>>,
+    cqs: Vec<Option<Cq>>,
+    /// I/O queue pairs the host may create: what Set Features Number of Queues granted, or all
+    /// of them if it was never sent.
+    allocated: u16,
+    /// The next Create I/O Completion Queue fails (see `FakeHandle::fail_next_queue_creation`).
+    fail_create: bool,
     media: Vec<u8>,
     hold: bool,
     held: Vec<(u16, Cqe)>,
@@ -217,8 +232,10 @@ pub fn controller(cfg: FakeConfig) -> (FakeHost, FakeHandle) {
         acq: 0,
         pci_command: 0,
         maps: Vec::with_capacity(16),
-        sqs: [None; 2],
-        cqs: [None; 2],
+        sqs: vec![None; usize::from(cfg.io_queues) + 1],
+        cqs: vec![None; usize::from(cfg.io_queues) + 1],
+        allocated: cfg.io_queues,
+        fail_create: false,
         media,
         hold: false,
         held: Vec::with_capacity(usize::from(cfg.mqes) + 1),
@@ -228,7 +245,10 @@ pub fn controller(cfg: FakeConfig) -> (FakeHost, FakeHandle) {
         ignore_aborts: false,
         fail_next: None,
         fail_dma_map: false,
-        stats: FakeStats::default(),
+        stats: FakeStats {
+            commands_per_queue: vec![0; usize::from(cfg.io_queues) + 1],
+            ..FakeStats::default()
+        },
         log: None,
         cfg: cfg.clone(),
     }));
@@ -292,6 +312,11 @@ impl State {
         }
     }
 
+    /// An I/O queue id the host may use: 1 up to what was allocated.
+    fn io_qid(&self, qid: u16) -> bool {
+        qid != 0 && qid <= self.allocated && usize::from(qid) < self.sqs.len()
+    }
+
     fn page_size(&self) -> usize {
         1 << (12 + (self.cc >> 7 & 0xF))
     }
@@ -323,23 +348,20 @@ impl State {
             self.stats.enables += 1;
             let sq_entries = (self.aqa & 0xFFF) as u16 + 1;
             let cq_entries = (self.aqa >> 16 & 0xFFF) as u16 + 1;
-            self.sqs = [
-                Some(Sq {
-                    base: self.asq,
-                    entries: sq_entries,
-                    ..Sq::default()
-                }),
-                None,
-            ];
-            self.cqs = [
-                Some(Cq {
-                    base: self.acq,
-                    entries: cq_entries,
-                    phase: true,
-                    ..Cq::default()
-                }),
-                None,
-            ];
+            self.sqs.fill(None);
+            self.cqs.fill(None);
+            self.sqs[0] = Some(Sq {
+                base: self.asq,
+                entries: sq_entries,
+                ..Sq::default()
+            });
+            self.cqs[0] = Some(Cq {
+                base: self.acq,
+                entries: cq_entries,
+                phase: true,
+                ..Cq::default()
+            });
+            self.allocated = self.cfg.io_queues;
             self.held.clear();
             self.stalled.clear();
             if !self.cfg.never_ready {
@@ -348,8 +370,8 @@ impl State {
         }
         if was & cc::EN != 0 && value & cc::EN == 0 {
             self.stats.disables += 1;
-            self.sqs = [None; 2];
-            self.cqs = [None; 2];
+            self.sqs.fill(None);
+            self.cqs.fill(None);
             self.held.clear();
             self.stalled.clear();
             self.csts &= !(csts::RDY | csts::SHST_MASK);
@@ -364,7 +386,7 @@ impl State {
         let stride = 4usize << self.cfg.dstrd;
         let index = (offset - regs::DOORBELLS) / stride;
         let qid = index / 2;
-        if qid > 1 {
+        if qid >= self.sqs.len() {
             return;
         }
         if index.is_multiple_of(2) {
@@ -378,7 +400,9 @@ impl State {
                 cq.head = value as u16 % cq.entries;
             }
         }
-        for q in 0..2 {
+        // Like a controller with its own agent, it serves every queue whichever doorbell rang:
+        // completions land in another thread's completion queue (see the module doc).
+        for q in 0..self.sqs.len() {
             self.run(q);
         }
     }
@@ -423,6 +447,7 @@ impl State {
                     .push(u16::from(sqe.opcode()) | (cns as u16) << 8);
                 self.admin(&sqe)
             } else {
+                self.stats.commands_per_queue[qid] += 1;
                 self.io(&sqe)
             };
             let cqe = Cqe {
@@ -527,11 +552,22 @@ impl State {
             },
             admin::SET_FEATURES => match sqe.cdw10 & 0xFF {
                 0x07 => {
-                    if self.sqs[1].is_some() || self.cqs[1].is_some() {
+                    let exists = self.sqs[1..].iter().any(Option::is_some)
+                        || self.cqs[1..].iter().any(Option::is_some);
+                    if exists {
                         return (Status::field(0, 0x0C, true), 0);
                     }
+                    // NSQR and NCQR, 0's based; 0xFFFF is invalid.
+                    let (nsqr, ncqr) = (sqe.cdw11 as u16, (sqe.cdw11 >> 16) as u16);
+                    if nsqr == u16::MAX || ncqr == u16::MAX {
+                        return invalid_field;
+                    }
+                    let granted = (nsqr.min(ncqr) + 1).min(self.cfg.io_queues);
+                    self.allocated = granted;
                     self.stats.queues_requested = true;
-                    ok
+                    self.stats.queues_granted = granted;
+                    let g = u32::from(granted - 1);
+                    (0, g << 16 | g)
                 }
                 0x06 if self.cfg.vwc_present => {
                     self.cfg.write_cache_enabled = sqe.cdw11 & 1 == 1;
@@ -541,13 +577,16 @@ impl State {
             },
             admin::CREATE_IO_CQ => {
                 let (qid, entries) = (sqe.cdw10 as u16, (sqe.cdw10 >> 16) as u16 + 1);
-                if qid != 1 || self.cqs[1].is_some() {
+                if std::mem::take(&mut self.fail_create) {
+                    return (Status::field(0, 0x06, false), 0);
+                }
+                if !self.io_qid(qid) || self.cqs[usize::from(qid)].is_some() {
                     return (Status::field(1, 0x01, true), 0);
                 }
                 if entries < 2 || entries > self.cfg.mqes + 1 || sqe.cdw11 & 1 == 0 {
                     return (Status::field(1, 0x02, true), 0);
                 }
-                self.cqs[1] = Some(Cq {
+                self.cqs[usize::from(qid)] = Some(Cq {
                     base: sqe.prp1,
                     entries,
                     phase: true,
@@ -558,16 +597,16 @@ impl State {
             admin::CREATE_IO_SQ => {
                 let (qid, entries) = (sqe.cdw10 as u16, (sqe.cdw10 >> 16) as u16 + 1);
                 let cqid = (sqe.cdw11 >> 16) as u16;
-                if qid != 1 || self.sqs[1].is_some() {
+                if !self.io_qid(qid) || self.sqs[usize::from(qid)].is_some() {
                     return (Status::field(1, 0x01, true), 0);
                 }
-                if cqid != 1 || self.cqs[1].is_none() {
+                if !self.io_qid(cqid) || self.cqs[usize::from(cqid)].is_none() {
                     return (Status::field(1, 0x00, true), 0);
                 }
                 if entries < 2 || entries > self.cfg.mqes + 1 {
                     return (Status::field(1, 0x02, true), 0);
                 }
-                self.sqs[1] = Some(Sq {
+                self.sqs[usize::from(qid)] = Some(Sq {
                     base: sqe.prp1,
                     entries,
                     cqid,
@@ -577,12 +616,24 @@ impl State {
             }
             admin::ABORT => self.abort(sqe),
             admin::DELETE_IO_SQ => {
-                self.sqs[1] = None;
-                ok
+                let qid = usize::from(sqe.cdw10 as u16);
+                match self.sqs.get_mut(qid).filter(|q| qid != 0 && q.is_some()) {
+                    Some(q) => {
+                        *q = None;
+                        ok
+                    }
+                    None => (Status::field(1, 0x01, true), 0),
+                }
             }
             admin::DELETE_IO_CQ => {
-                self.cqs[1] = None;
-                ok
+                let qid = usize::from(sqe.cdw10 as u16);
+                match self.cqs.get_mut(qid).filter(|q| qid != 0 && q.is_some()) {
+                    Some(q) => {
+                        *q = None;
+                        ok
+                    }
+                    None => (Status::field(1, 0x01, true), 0),
+                }
             }
             _ => (Status::field(0, 0x01, true), 0),
         }
