@@ -543,7 +543,8 @@ fn next_ack<T>(rx: &Receiver<T>, spin: Duration) -> Result<T, RecvTimeoutError> 
             match rx.try_recv() {
                 Ok(m) => return Ok(m),
                 Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
-                Err(TryRecvError::Empty) if since.elapsed() < spin => std::hint::spin_loop(),
+                // Yield: a writer thread sharing this core runs at once, not after the spin.
+                Err(TryRecvError::Empty) if since.elapsed() < spin => std::thread::yield_now(),
                 Err(TryRecvError::Empty) => break,
             }
         }
