@@ -139,7 +139,8 @@ pub trait BlockDevice: Send {
     /// - Submissions may sit queued in the device until the next `poll` or `wait` (io_uring hands
     ///   them to the kernel there), so after its last submission the owner calls `poll`.
     /// - It sleeps on the fd only if that `poll` returned nothing and `in_flight() > 0`: with
-    ///   nothing in flight no completion will come and nothing makes the fd readable.
+    ///   nothing in flight no completion will come and nothing makes the fd readable. Right
+    ///   before it sleeps it calls [`arm_completion_fd`](BlockDevice::arm_completion_fd).
     /// - `poll` and `wait` reset the fd's readiness *before* they reap, so a completion that
     ///   arrives while or after they run always leaves the fd readable, for level- and
     ///   edge-triggered epoll alike. A wake-up may be spurious (the completion that caused it was
@@ -153,6 +154,14 @@ pub trait BlockDevice: Send {
     fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
+
+    /// The owner is about to sleep on [`completion_fd`](BlockDevice::completion_fd) (its last
+    /// `poll` returned nothing with I/O in flight): make sure a completion will wake it. A device
+    /// whose fd costs something to set up does it only here, so an owner that polls instead of
+    /// sleeping never pays for it: the sim's fd is a timer, and on a virtual machine arming a
+    /// timer due within microseconds costs about 10 us (`docs/performance.md`). The default
+    /// does nothing (a device that signals every completion anyway).
+    fn arm_completion_fd(&mut self) {}
 
     /// Submits a write and a flush that the device starts only after the write has completed in
     /// full without error (a linked pair): one submission instead of write, wait for its
@@ -215,6 +224,9 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
     #[cfg(unix)]
     fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         (**self).completion_fd()
+    }
+    fn arm_completion_fd(&mut self) {
+        (**self).arm_completion_fd()
     }
     fn submit_write_flush(
         &mut self,

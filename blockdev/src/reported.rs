@@ -56,6 +56,9 @@ impl<D: BlockDevice> BlockDevice for Reported<D> {
     fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.inner.completion_fd()
     }
+    fn arm_completion_fd(&mut self) {
+        self.inner.arm_completion_fd()
+    }
     fn submit_write_flush(
         &mut self,
         write_tag: Tag,

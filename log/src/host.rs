@@ -116,10 +116,17 @@ impl<D: BlockDevice> Hosted<D> {
 
     /// The clocks for a step.
     pub fn now(&self) -> Now {
-        Now {
-            mono_ns: self.start.elapsed().as_nanos() as u64,
+        self.clocks().0
+    }
+
+    /// The clocks for a step, and the instant they were read at.
+    fn clocks(&self) -> (Now, Instant) {
+        let at = Instant::now();
+        let now = Now {
+            mono_ns: at.saturating_duration_since(self.start).as_nanos() as u64,
             wall_ms: mkfs::now_ms(),
-        }
+        };
+        (now, at)
     }
 
     /// Takes the requests queued from other threads, and steps the writer once.
@@ -130,6 +137,9 @@ impl<D: BlockDevice> Hosted<D> {
         if !self.closing && self.writer.shared().close_requested() {
             self.close();
         }
+        // One clock read for the turn: the step, the appends taken in it, and the wake-up.
+        let (now, at) = self.clocks();
+        self.writer.set_clock(at);
         let mut got = false;
         while !self.closing && self.writer.pending_len() < self.queue_capacity {
             match self.rx.try_recv() {
@@ -141,7 +151,7 @@ impl<D: BlockDevice> Hosted<D> {
                 Err(TryRecvError::Disconnected) => self.close(),
             }
         }
-        let moved = self.writer.step(self.now());
+        let moved = self.writer.step(now);
         if self.writer.fatal().is_some() {
             // Everything still queued gets the error too; then the writer is gone.
             while let Ok(r) = self.rx.try_recv() {
@@ -164,7 +174,7 @@ impl<D: BlockDevice> Hosted<D> {
         } else {
             Duration::from_millis(100)
         };
-        let after = match self.writer.flush_due_in(self.now()) {
+        let after = match self.writer.flush_due_in(now) {
             Some(due) => after.min(due.max(DEVICE_WAIT_SLICE)),
             None => after,
         };
@@ -207,6 +217,7 @@ impl<D: BlockDevice> Hosted<D> {
             bell.disarm();
             return;
         }
+        self.writer.arm_completion_fd();
         bell.sleep(self.writer.device().completion_fd(), after);
         bell.disarm();
     }
@@ -276,18 +287,34 @@ pub(crate) enum WakeBell {}
 /// completion fd it sleeps on both at once, so a request or a completion wakes it at once;
 /// otherwise it waits on the device in slices and on the queue in turn.
 pub(crate) fn run_thread<D: BlockDevice>(mut h: Hosted<D>, bell: Option<Arc<WakeBell>>) {
+    let spin = h.writer.config().spin;
+    // Since when the writer has turned without progress (None: it just moved or slept).
+    let mut idle_since: Option<Instant> = None;
     loop {
         match h.turn() {
-            Turn::Moved => {}
+            Turn::Moved => idle_since = None,
+            Turn::Idle { .. }
+                if !spin.is_zero()
+                    && !h.closing
+                    && idle_since.get_or_insert_with(Instant::now).elapsed() < spin =>
+            {
+                // Yield, not a busy hint: a producer sharing this core (a loaded machine) then
+                // runs at once instead of after the whole spin.
+                std::thread::yield_now();
+            }
             Turn::Idle {
                 io_in_flight,
                 after,
             } => match &bell {
                 #[cfg(unix)]
                 Some(b) if !h.closing && h.writer.device().completion_fd().is_some() => {
-                    h.sleep_on(b, after)
+                    h.sleep_on(b, after);
+                    idle_since = None;
                 }
-                _ => h.wait_on_thread(io_in_flight, after),
+                _ => {
+                    h.wait_on_thread(io_in_flight, after);
+                    idle_since = None;
+                }
             },
             Turn::Stopped => return,
         }

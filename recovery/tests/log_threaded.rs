@@ -13,7 +13,7 @@ use blockdev::file::{Engine, FileDevice, FileOptions};
 use blockdev::sim::{Latency, SimConfig, SimDevice, SimHandle};
 use blockdev::BlockDevice;
 use nvmq_log::config::{FlushMode, FormatOptions, LogConfig, OnFull};
-use nvmq_log::{Log, LogError};
+use nvmq_log::{Log, LogError, WriterStats};
 
 const MIB: u64 = 1 << 20;
 
@@ -74,7 +74,28 @@ fn file_options(test: &str, engine: Engine) -> Option<FileOptions> {
 #[test]
 fn concurrent_producers_get_every_offset_once_and_read_back_what_they_sent() {
     let (dev, _h) = sim(11, 64 * MIB);
-    concurrent_producers(dev);
+    concurrent_producers(dev, LogConfig::default());
+}
+
+/// The writer thread that polls instead of sleeping (`LogConfig::spin`), on a power-loss
+/// protected sim with a real clock (its completion fd armed only when the thread does sleep):
+/// the same answers, and not one flush (completed writes are durable there).
+#[test]
+fn a_spinning_writer_thread_on_a_power_loss_protected_sim_gets_every_offset_once() {
+    let mut c = SimConfig::new(12, 64 * MIB);
+    c.volatile_cache = false;
+    c.write_latency = Latency::Fixed(Duration::from_micros(10));
+    let (dev, h) = SimDevice::new(c);
+    let cfg = LogConfig {
+        spin: Duration::from_micros(200),
+        ..LogConfig::default()
+    };
+    let stats = concurrent_producers(dev, cfg);
+    assert_eq!(
+        stats.flushes, 0,
+        "a device without a volatile cache needs no flush"
+    );
+    assert!(stats.appends_acked >= 2400 && h.stats().writes > 0);
 }
 
 fn concurrent_producers_on_a_file(test: &str, engine: Engine) {
@@ -84,7 +105,7 @@ fn concurrent_producers_on_a_file(test: &str, engine: Engine) {
     let dir = tempdir();
     let dev = FileDevice::create(&dir.join("log.img"), 64 * MIB, opts, |_| Ok(())).expect("create");
     assert_eq!(dev.engine(), engine);
-    concurrent_producers(dev);
+    concurrent_producers(dev, LogConfig::default());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -104,12 +125,9 @@ fn concurrent_producers_on_the_file_device_with_io_uring() {
     );
 }
 
-fn concurrent_producers<D: BlockDevice + 'static>(dev: D) {
-    let log = Arc::new(start(
-        dev,
-        Some(&FormatOptions::default()),
-        LogConfig::default(),
-    ));
+/// Returns the writer's counters at the end.
+fn concurrent_producers<D: BlockDevice + 'static>(dev: D, cfg: LogConfig) -> WriterStats {
+    let log = Arc::new(start(dev, Some(&FormatOptions::default()), cfg));
     let parts: Vec<u32> = (0..4)
         .map(|i| log.create_partition("t", i).expect("create"))
         .collect();
@@ -153,6 +171,7 @@ fn concurrent_producers<D: BlockDevice + 'static>(dev: D) {
         }
     }
     assert!(log.fatal().is_none());
+    log.stats()
 }
 
 #[test]

@@ -67,6 +67,7 @@ pub fn completion_fd<D: BlockDevice + ?Sized>(dev: &mut D) -> Result<(), Contrac
                 return fail("poll returned nothing, yet nothing is in flight any more".into());
             }
             let left = deadline.saturating_duration_since(Instant::now());
+            dev.arm_completion_fd();
             match fd_readable(fd, Some(left)) {
                 Ok(true) => {}
                 Ok(false) => {

@@ -36,20 +36,32 @@ impl DueTimer {
     }
 
     /// Clears a readiness that fired (call before reaping, so that what becomes due later fires
-    /// again).
+    /// again). No syscall while the timer is disarmed: a one-shot timer that fired and was read,
+    /// or was never armed, cannot become readable.
     pub fn reset(&mut self) {
+        if self.armed.is_none() {
+            return;
+        }
         let mut buf = [0u8; 8];
         // SAFETY: the pointer and length describe `buf`, a live local array; the fd is ours. A
-        // timerfd read takes 8 bytes and fails with EAGAIN when it has not fired: either is fine.
-        let _ = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        self.armed = None;
+        // timerfd read takes 8 bytes and fails with EAGAIN when it has not fired yet.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n == 8 {
+            // Fired: the one-shot timer is spent.
+            self.armed = None;
+        }
+        // Not fired yet: it stays armed, and its later firing is a spurious wake-up (the owner
+        // polls, finds nothing, and sleeps again), never a lost one.
     }
 
     /// Arms the timer to fire at `due` (device-clock nanoseconds), given the device clock's `now`;
-    /// None disarms it. Does nothing when already armed for that moment.
+    /// None disarms it. Does nothing when already armed for that moment or earlier (an early
+    /// firing only costs a spurious wake-up; re-arming costs a syscall).
     pub fn arm(&mut self, due: Option<u64>, now: u64) {
-        if due == self.armed {
-            return;
+        match (due, self.armed) {
+            (Some(d), Some(a)) if a <= d => return,
+            (None, None) => return,
+            _ => {}
         }
         let value = match due {
             // Due already: fire at once (a zero value would disarm).
@@ -70,5 +82,12 @@ impl DueTimer {
         let rc =
             unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
         self.armed = if rc == 0 { due } else { None };
+        if due.is_none() {
+            // Disarmed: take a firing that came before, so that the fd cannot stay readable
+            // with nothing armed (`reset` reads only an armed timer).
+            let mut buf = [0u8; 8];
+            // SAFETY: as in `reset`.
+            let _ = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        }
     }
 }

@@ -23,6 +23,9 @@ pub trait Driver {
     /// Whether a completion can be waited for without polling; then `poll_completion` wakes
     /// the task when one may be ready.
     fn has_fd(&self) -> bool;
+    /// The loop is about to sleep: arm the device's completion fd (see
+    /// `BlockDevice::arm_completion_fd`).
+    fn arm_fd(&mut self);
     fn poll_completion(&mut self, cx: &mut Context<'_>) -> Poll<()>;
 }
 
@@ -84,6 +87,12 @@ impl<D: BlockDevice> Driver for HostedDriver<D> {
 
     fn has_fd(&self) -> bool {
         self.fd.is_some()
+    }
+
+    fn arm_fd(&mut self) {
+        if self.fd.is_some() {
+            self.hosted.writer().arm_completion_fd();
+        }
     }
 
     fn poll_completion(&mut self, cx: &mut Context<'_>) -> Poll<()> {

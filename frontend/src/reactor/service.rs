@@ -453,6 +453,9 @@ impl Waits {
             tokio::task::yield_now().await;
             return;
         }
+        for (_, d) in drivers.borrow_mut().iter_mut() {
+            d.arm_fd();
+        }
         let woken = bell.woken().notified();
         let kicked = kick.map(|k| k.notified());
         let sleep = tokio::time::sleep(self.after.unwrap_or(Duration::from_millis(100)));

@@ -149,6 +149,8 @@ impl World {
             quiet_flush: LogConfig::default().quiet_flush,
             full_wait: Duration::from_millis(20),
             stall_wait: LogConfig::default().stall_wait,
+            // The stepped writer has no thread to spin.
+            spin: Duration::ZERO,
             // The stepped writer has no Log threads; scrubbing is tested on the threaded Log.
             scrub_rate: 0,
             // Reads from the tail cache in two runs of three, from the device in the third. Taken
