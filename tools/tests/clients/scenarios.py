@@ -287,7 +287,7 @@ def kp_expired():
         p = KafkaProducer(bootstrap_servers=BOOT, security_protocol="SASL_SSL",
                           ssl_cafile=ARGS[2], sasl_mechanism="SCRAM-SHA-512",
                           sasl_plain_username=ARGS[0], sasl_plain_password=ARGS[1],
-                          api_version_auto_timeout_ms=5000)
+                          bootstrap_timeout_ms=5000)
         p.close()
         fail("kafka-python connected to a broker with an expired certificate")
     except KafkaError as e:
