@@ -83,6 +83,10 @@ if [ $# -eq 0 ]; then
 else
     tests=("$@")
 fi
+if [ ${#tests[@]} -eq 0 ]; then
+    echo "no librdkafka tests picked (--broker ${kind:-none}): nothing would be proven" >&2
+    exit 1
+fi
 # -L no local-only tests (they reach no broker), -K no known issues; -Q quick (a test's subtests
 # that are not marked quick are skipped, silently) but for "full"; -E no socket emulator but for
 # "sockem".
