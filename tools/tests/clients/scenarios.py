@@ -1,4 +1,5 @@
-"""Kafka client scenarios against an nvmq broker, driven by tools/tests/kafka_clients.rs.
+"""Kafka client scenarios against an nvmq broker, driven by tools/tests/kafka_clients.rs and
+kafka_security.rs.
 
 Each scenario prints what it checked and exits non-zero (with the reason) on any failure.
 Usage: scenarios.py <bootstrap> <scenario> [args...]
@@ -263,6 +264,38 @@ def tls_untrusted():
     if not any("certificate verify failed" in e for e in errors):
         fail(f"no certificate verification error among {errors[:5]}")
     print("ok: refused:", next(e for e in errors if "certificate verify failed" in e))
+
+
+def kp_expired():
+    """kafka-python logging in as ARGS (user password, SCRAM-SHA-512) over SASL_SSL, trusting the
+    CA in ARGS[2] that signed the broker's expired certificate: no broker is available, and what
+    kafka-python reports (its log and its exception) names the expired certificate."""
+    import logging
+
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    reported = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            reported.append(record.getMessage())
+
+    logging.getLogger("kafka").addHandler(Keep())
+    logging.getLogger("kafka").setLevel(logging.INFO)
+    try:
+        p = KafkaProducer(bootstrap_servers=BOOT, security_protocol="SASL_SSL",
+                          ssl_cafile=ARGS[2], sasl_mechanism="SCRAM-SHA-512",
+                          sasl_plain_username=ARGS[0], sasl_plain_password=ARGS[1],
+                          bootstrap_timeout_ms=5000)
+        p.close()
+        fail("kafka-python connected to a broker with an expired certificate")
+    except KafkaError as e:
+        reported.append(f"{type(e).__name__}: {e}")
+    said = [r for r in reported if "expired" in r]
+    if not said:
+        fail(f"kafka-python did not say the certificate expired: {reported[-5:]}")
+    print("ok: refused:", said[0])
 
 
 def produce_log():
@@ -712,6 +745,7 @@ def kp_log_dirs():
     "scram_admin": scram_admin,
     "produce_consume": produce_consume,
     "kafka_python": kafka_python,
+    "kp_expired": kp_expired,
     "compressed": compressed,
     "idempotent": idempotent,
     "group_rebalance": group_rebalance,

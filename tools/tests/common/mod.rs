@@ -161,6 +161,7 @@ pub fn flip(p: &Path, offset: u64) {
     poke(p, offset, &[old ^ 0x40]);
 }
 
+pub mod clients;
 pub mod hostile;
 pub mod kafka;
 mod serving;
