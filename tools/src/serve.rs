@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use nvmq_log::Shared;
 use nvmq_log::{FlushMode, FormatOptions, LogConfig};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::devspec::DeviceSpec;
 use crate::Status;
@@ -401,6 +402,19 @@ pub fn run(args: ServeArgs) -> Result<Status> {
     if args.ceiling {
         println!("CEILING MODE: Produce is answered without storing anything (benchmark only)");
     }
+    // The signals are watched before the line that says the broker serves: one sent as soon as
+    // it does (a supervisor, a test) must stop it cleanly, not kill it by the default action.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the signal runtime")?;
+    let (mut stop, hup) = {
+        let _in_rt = rt.enter();
+        (
+            StopSignals::watch().context("watching SIGINT and SIGTERM")?,
+            watch_hangup(tls.is_some()),
+        )
+    };
     println!(
         "nvmq serving Kafka on {bound} (advertised as {host}:{port}), {} event loops{}",
         server.loops(),
@@ -410,14 +424,10 @@ pub fn run(args: ServeArgs) -> Result<Status> {
             None => "",
         }
     );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the signal runtime")?;
     let stopped = rt.block_on(async {
         tokio::select! {
-            _ = stop_signal() => None,
-            _ = reload_on_hangup(tls.as_ref()) => None,
+            _ = stop.recv() => None,
+            _ = reload_on_hangup(tls.as_ref(), hup) => None,
             s = writer_stopped(server.broker().logs().iter().map(|l| l.shared().clone()).collect()) => Some(s),
         }
     });
@@ -432,7 +442,7 @@ pub fn run(args: ServeArgs) -> Result<Status> {
     let forced = std::thread::Builder::new()
         .name("nvmq-signal".into())
         .spawn(move || {
-            rt.block_on(stop_signal());
+            rt.block_on(stop.recv());
             eprintln!("second signal: stopping at once, without waiting for appends in flight");
             std::process::exit(1);
         });
@@ -574,19 +584,26 @@ fn tls_settings(args: &ServeArgs) -> Result<Option<frontend::tls::Tls>> {
     Ok(Some(frontend::tls::Tls::load(files)?))
 }
 
-/// Re-reads the TLS files at each SIGHUP: new connections take them, open ones keep theirs, and
-/// a reload that fails leaves the settings in use. Never returns (without TLS it waits forever,
-/// and SIGHUP keeps its default action).
-async fn reload_on_hangup(tls: Option<&frontend::tls::Tls>) {
-    let Some(tls) = tls else {
-        return std::future::pending().await;
-    };
-    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(s) => s,
+/// SIGHUP, watched when there are TLS files to reload (without them SIGHUP keeps its default
+/// action).
+fn watch_hangup(tls: bool) -> Option<Signal> {
+    if !tls {
+        return None;
+    }
+    match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
         Err(e) => {
             tracing::warn!(error = %e, "cannot watch SIGHUP: the TLS files will not be reloaded");
-            return std::future::pending().await;
+            None
         }
+    }
+}
+
+/// Re-reads the TLS files at each SIGHUP: new connections take them, open ones keep theirs, and
+/// a reload that fails leaves the settings in use. Never returns.
+async fn reload_on_hangup(tls: Option<&frontend::tls::Tls>, hup: Option<Signal>) {
+    let (Some(tls), Some(mut hup)) = (tls, hup) else {
+        return std::future::pending().await;
     };
     while hup.recv().await.is_some() {
         match tls.reload() {
@@ -602,18 +619,26 @@ async fn reload_on_hangup(tls: Option<&frontend::tls::Tls>) {
     std::future::pending().await
 }
 
-/// SIGINT or SIGTERM.
-async fn stop_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// SIGINT and SIGTERM, watched from before the broker says it serves until it exits.
+struct StopSignals {
+    term: Signal,
+    int: Signal,
+}
+
+impl StopSignals {
+    /// Installs the handlers now (inside a tokio runtime): from here on neither signal kills.
+    fn watch() -> std::io::Result<StopSignals> {
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// The next SIGINT or SIGTERM.
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
     }
 }

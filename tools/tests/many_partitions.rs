@@ -359,8 +359,15 @@ fn run(plan: Plan) {
             .filter(|(n, _)| !HOSTILE_TOPICS.contains(&n.as_str()))
             .collect::<Vec<_>>()
     });
-    assert_eq!(topics, vec![(fresh, 1)]);
-    assert_eq!(serve.metric("nvmq_partitions"), internal + 1.0);
+    let partitions = serve.metric("nvmq_partitions");
+    assert_eq!(
+        topics,
+        vec![(fresh, 1)],
+        "the topics (name, partitions) Metadata listed after the restart ({} in all; nvmq_partitions {partitions}); serve stderr:\n{}",
+        topics.len(),
+        serve.stderr()
+    );
+    assert_eq!(partitions, internal + 1.0);
     assert_eq!(serve.terminate(Duration::from_secs(60)), Some(0));
     let _ = std::fs::remove_dir_all(&dir);
 }
