@@ -54,6 +54,24 @@ pub enum ClusterError {
         purged: u64,
         snapshot: Option<u64>,
     },
+    #[error(
+        "raft group {group}: committed through entry {committed} but the log holds entries and \
+         snapshots only through {last:?}: entries reported stored are missing, refusing to open"
+    )]
+    CommittedMissing {
+        group: u32,
+        committed: u64,
+        last: Option<u64>,
+    },
+    #[error(
+        "raft group {group}: replay read nothing at offset {at}, below the durable end \
+         {durable_end}: refusing to open with part of the group's records unread"
+    )]
+    ReplayShort {
+        group: u32,
+        at: u64,
+        durable_end: u64,
+    },
     #[error("raft group {group}: {op}: {why}")]
     Encode {
         group: u32,

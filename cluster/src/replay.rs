@@ -91,6 +91,13 @@ impl GroupState {
     pub fn apply(&mut self, rec: RaftRecord) {
         match rec {
             RaftRecord::Entry(e) => {
+                // A checkpoint re-records live entries, and a cut may land inside it: a copy
+                // of an entry already held must not drop the entries after it (they were
+                // reported stored). Raft overwrites a differing entry only after an explicit
+                // TruncateAfter, so only an identical copy reaches here without one.
+                if self.entries.get(&e.log_id.index) == Some(&e) {
+                    return;
+                }
                 self.entries.split_off(&e.log_id.index);
                 self.entries.insert(e.log_id.index, e);
             }
@@ -153,6 +160,23 @@ impl GroupState {
                     group,
                     purged: p.index,
                     snapshot: covered.map(|c| c.index),
+                });
+            }
+        }
+        // A commit mark past every entry and snapshot held means entries reported stored
+        // (and committed) are missing: refuse rather than serve a shorter log.
+        if let Some(c) = st.committed {
+            let held = st.last_log_id().map(|l| l.index);
+            let snap = st
+                .snapshot
+                .as_ref()
+                .and_then(|(m, _)| m.last_log_id)
+                .map(|l| l.index);
+            if held.max(snap).is_none_or(|h| h < c.index) {
+                return Err(ClusterError::CommittedMissing {
+                    group,
+                    committed: c.index,
+                    last: held.max(snap),
                 });
             }
         }
@@ -243,5 +267,41 @@ mod tests {
             lost,
             Some(ClusterError::StateLost { start: 4, .. })
         ));
+    }
+
+    fn indexes(st: &GroupState) -> Vec<u64> {
+        st.entries.keys().copied().collect()
+    }
+
+    /// A cut inside a checkpoint: the state and the first live entries re-recorded, the rest
+    /// not. The entries after the copies were reported stored and must all stay.
+    #[test]
+    fn a_checkpoint_cut_short_keeps_every_entry_after_its_copies() {
+        let mut recs: Vec<RaftRecord> = (1..=10).map(|i| entry(1, i)).collect();
+        recs.push(RaftRecord::Committed(Some(id(1, 10))));
+        recs.push(RaftRecord::State(State {
+            vote: None,
+            committed: Some(id(1, 10)),
+            purged: None,
+        }));
+        recs.extend((1..=3).map(|i| entry(1, i)));
+        let st = replay(&recs).map_err(|e| e.to_string());
+        assert_eq!(st.as_ref().map(indexes), Ok((1..=10).collect::<Vec<_>>()));
+    }
+
+    #[test]
+    fn a_commit_mark_past_every_entry_held_is_refused() {
+        let missing = replay(&[entry(1, 1), RaftRecord::Committed(Some(id(1, 3)))]).err();
+        assert!(
+            matches!(
+                missing,
+                Some(ClusterError::CommittedMissing {
+                    committed: 3,
+                    last: Some(1),
+                    ..
+                })
+            ),
+            "{missing:?}"
+        );
     }
 }

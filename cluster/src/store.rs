@@ -186,7 +186,13 @@ pub fn open_group(log: Arc<Log>, group: u32) -> Result<(LogStore, StateMachine),
         let batch = log
             .read(partition, next, REPLAY_READ)
             .map_err(log_err("replay the group's records"))?;
-        let Some(last) = batch.last() else { break };
+        let Some(last) = batch.last() else {
+            return Err(ClusterError::ReplayShort {
+                group,
+                at: next,
+                durable_end: view.durable_end,
+            });
+        };
         next = last.offset + u64::from(last.span.max(1));
         records.extend(batch.into_iter().map(|r| (r.offset, r.payload)));
     }
