@@ -305,9 +305,10 @@ pub struct Writer<D: BlockDevice> {
     token_acks: Vec<TokenAck>,
     /// Payload bytes in `pending`.
     pending_bytes: u64,
-    /// What appends taken from now on are stamped with (`Writer::set_clock`): one clock read
-    /// per turn of the owner, not one per record (100-150 ns each on a virtual machine's TSC).
-    taken_at: Instant,
+    /// What appends taken since the last step are stamped with: read at the first append after
+    /// a step (or given by the owner, `Writer::set_clock`), so one clock read per turn, not one
+    /// per record (100-150 ns each on a virtual machine's TSC), and never older than the step.
+    taken_at: Option<Instant>,
 }
 
 /// Buffers the writer allocates at start and recycles, bounding its memory: (buffers of a
@@ -428,7 +429,7 @@ impl<D: BlockDevice> Writer<D> {
             token_acks: Vec::new(),
             pending_bytes: 0,
             linked_flush: dev_linked_flush,
-            taken_at: Instant::now(),
+            taken_at: None,
         };
         w.publish_initial(resume.index);
         Ok(w)
@@ -533,17 +534,21 @@ impl<D: BlockDevice> Writer<D> {
                     ))));
                     return;
                 }
+                let since = self.stamp();
                 self.pending.push_back(Pending {
                     item: Item::Create { topic, index },
                     ack: Ack::Call(ack),
-                    since: self.taken_at,
+                    since,
                 });
             }
-            Request::DeletePartition { partition, ack } => self.pending.push_back(Pending {
-                item: Item::Delete { partition },
-                ack: Ack::Call(ack),
-                since: self.taken_at,
-            }),
+            Request::DeletePartition { partition, ack } => {
+                let since = self.stamp();
+                self.pending.push_back(Pending {
+                    item: Item::Delete { partition },
+                    ack: Ack::Call(ack),
+                    since,
+                })
+            }
             Request::Read {
                 position,
                 len,
@@ -576,6 +581,7 @@ impl<D: BlockDevice> Writer<D> {
             return;
         }
         self.pending_bytes += payload.len() as u64;
+        let since = self.stamp();
         self.pending.push_back(Pending {
             item: Item::Data {
                 partition,
@@ -583,7 +589,7 @@ impl<D: BlockDevice> Writer<D> {
                 span,
             },
             ack,
-            since: self.taken_at,
+            since,
         });
     }
 
@@ -591,7 +597,12 @@ impl<D: BlockDevice> Writer<D> {
     /// `at` (an append the owner hands over later in its pass counts from a little before it
     /// arrived, never from after).
     pub fn set_clock(&mut self, at: Instant) {
-        self.taken_at = at;
+        self.taken_at = Some(at);
+    }
+
+    /// The instant an append taken now counts its ack latency from.
+    fn stamp(&mut self) -> Instant {
+        *self.taken_at.get_or_insert_with(Instant::now)
     }
 
     /// Payload bytes of the appends queued and not yet in a batch.
@@ -606,6 +617,8 @@ impl<D: BlockDevice> Writer<D> {
 
     /// One round of work. Returns whether anything moved.
     pub fn step(&mut self, now: Now) -> bool {
+        // Appends after this step read the clock afresh (once), however long the owner sleeps.
+        self.taken_at = None;
         if self.fatal.is_some() {
             return false;
         }
