@@ -32,18 +32,21 @@ fn s(v: &str) -> StrBytes {
 
 /// Whether ListGroups' filter (v4's states, v5's types) takes `value`: Kafka compares
 /// case-insensitively, and an empty filter takes everything.
-fn state_matches(filter: &[StrBytes], value: &str) -> bool {
+fn filter_takes(filter: &[StrBytes], value: &str) -> bool {
     filter.is_empty() || filter.iter().any(|f| f.eq_ignore_ascii_case(value))
 }
 
 pub fn list_groups(b: &Arc<Broker>, ctx: &Ctx, req: ListGroupsRequest) -> Reply {
     let mut resp = ListGroupsResponse::default();
+    // Every nvmq group is of one type: a types filter (v5) without it lists nothing.
+    if !filter_takes(&req.types_filter, GROUP_TYPE) {
+        return ctx.ready(&resp);
+    }
     let all = check::cluster(b, ctx, Operation::Describe);
     resp.groups = b
         .list_groups()
         .into_iter()
-        .filter(|g| state_matches(&req.states_filter, g.state))
-        .filter(|_| state_matches(&req.types_filter, GROUP_TYPE))
+        .filter(|g| filter_takes(&req.states_filter, g.state))
         .filter(|g| all || check::group(b, ctx, Operation::Describe, &g.name))
         .map(|g| {
             let mut l = ListedGroup::default();

@@ -38,7 +38,12 @@ pub async fn run<R: Send + 'static>(
     };
     let (tx, rx) = oneshot::channel();
     (o.0)(Box::new(move || {
-        // The receiver gone (its connection closed): nobody wants the result.
+        // The receiver gone (its connection closed): nobody wants the result, so the work
+        // (a password derivation) is not done either: a client that sends and hangs up in a
+        // loop queues no work for the pool it shares with batch checks.
+        if tx.is_closed() {
+            return;
+        }
         let _ = tx.send(f());
     }));
     rx.await.ok()

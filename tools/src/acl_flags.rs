@@ -5,6 +5,7 @@
 
 use anyhow::{bail, Result};
 use frontend::acl::matcher::KindFilter;
+use frontend::acl::operations::supported;
 use frontend::acl::{
     Binding, Entry, Filter, Host, Operation, Pattern, PatternFilter, PatternType, Permission,
     ResourceType, CLUSTER_NAME,
@@ -98,35 +99,11 @@ fn host(s: &str) -> Result<Host, String> {
     Host::parse(s).map_err(|e| e.to_string())
 }
 
-/// The operations Kafka lets a binding on each resource type name (its `kafka-acls.sh` refuses
-/// the rest: they would never grant anything).
-fn valid_ops(rt: ResourceType) -> &'static [Operation] {
-    use Operation::*;
-    match rt {
-        ResourceType::Topic => &[
-            All,
-            Read,
-            Write,
-            Create,
-            Delete,
-            Alter,
-            Describe,
-            DescribeConfigs,
-            AlterConfigs,
-        ],
-        ResourceType::Group => &[All, Read, Delete, Describe],
-        ResourceType::Cluster => &[
-            All,
-            Create,
-            Alter,
-            Describe,
-            ClusterAction,
-            DescribeConfigs,
-            AlterConfigs,
-            IdempotentWrite,
-        ],
-        ResourceType::TransactionalId => &[All, Write, Describe],
-    }
+/// The operations a binding on `rt` may name: `All` and the ones the resource type has (the
+/// same list authorized operations report, so `acl add` and KIP-430 never disagree); Kafka's
+/// `kafka-acls.sh` refuses the rest, as they would never grant anything.
+fn applies(rt: ResourceType, op: Operation) -> bool {
+    op == Operation::All || supported(rt).contains(&op)
 }
 
 impl Selection {
@@ -188,10 +165,10 @@ impl Selection {
         let mut out = Vec::new();
         for (rt, name) in &resources {
             for op in &self.operations {
-                if !valid_ops(*rt).contains(op) {
+                if !applies(*rt, *op) {
                     bail!(
-                        "--operation {op:?} does not apply to a {rt:?} (it takes {})",
-                        names(valid_ops(*rt))
+                        "--operation {op:?} does not apply to a {rt:?} (it takes All, {})",
+                        names(supported(*rt))
                     );
                 }
             }

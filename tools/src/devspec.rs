@@ -383,7 +383,7 @@ pub fn reader_pairs<D: BlockDevice + 'static>(
             device = %dev.info().identity,
             asked = wanted + 1,
             granted = pairs.len() + 1,
-            "the NVMe controller granted fewer I/O queue pairs than asked (one for the writer, one              per event loop for reads): {} of the loops' device reads have a pair of their own,              the others share the writer's, through the loop that hosts it",
+            "the NVMe controller granted fewer I/O queue pairs than asked (one for the writer, one per event loop for reads): {} of the loops' device reads have a pair of their own, the others share the writer's, through the loop that hosts it",
             pairs.len()
         );
     }

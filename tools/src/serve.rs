@@ -237,11 +237,13 @@ pub fn run(args: ServeArgs) -> Result<Status> {
     let queue = cfg.queue_capacity;
     let mut writers = Vec::new();
     let mut reports = Vec::new();
-    let reader_pairs = match args.loops {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
+    // One reader pair per loop the server will run (the same count it resolves).
+    let loop_count = frontend::ServerOptions {
+        loops: args.loops,
+        ..frontend::ServerOptions::default()
     }
-    .min(usize::from(u16::MAX - 1)) as u16;
+    .loop_count();
+    let reader_pairs = loop_count.min(usize::from(u16::MAX - 1)) as u16;
     for (spec, name) in specs.iter().zip(&args.device) {
         let fresh = match spec {
             DeviceSpec::File { path, .. } => !Path::new(path).exists(),

@@ -45,8 +45,6 @@ impl Broker {
         self.logs.iter().map(|l| l.max_payload()).min().unwrap_or(0)
     }
 
-    /// The largest batch a Produce to `p` may carry: its topic's max.message.bytes, at most what
-    /// its log takes.
     /// The state for reading: the produce and fetch paths of every loop read it at once (a
     /// partition's batch limit, its raised start), so they share the lock; writers (a config
     /// recorded, a start raised, a topic gone) are rare.
@@ -58,6 +56,8 @@ impl Broker {
         self.topic_state.write().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The largest batch a Produce to `p` may carry: its topic's max.message.bytes, at most what
+    /// its log takes.
     pub fn batch_limit(&self, p: PartRef) -> usize {
         let max = self.log_of(p).max_payload();
         match self.topic_state().limits.get(&p) {

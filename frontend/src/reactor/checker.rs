@@ -64,8 +64,9 @@ impl CheckPool {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, MAX_THREADS);
-        // Unbounded: every job's bytes are counted against the broker's byte limits, which stop
-        // connections from reading before this queue can grow past them.
+        // Unbounded: every batch check's bytes are counted against the broker's byte limits,
+        // which stop connections from reading before this queue can grow past them; other tasks
+        // (a login's derivation) are one per live connection at most, and skipped once it closed.
         let (tx, rx) = crossbeam::channel::unbounded::<Work>();
         for i in 0..threads {
             let rx = rx.clone();

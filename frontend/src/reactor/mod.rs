@@ -76,7 +76,8 @@ impl Default for ServerOptions {
 }
 
 impl ServerOptions {
-    fn loop_count(&self) -> usize {
+    /// The loops the server runs: `loops`, or one per core when it is 0.
+    pub fn loop_count(&self) -> usize {
         match self.loops {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
