@@ -6,6 +6,7 @@
 //! rebuild and the scrub) come over the log's bounded queue; a hosted writer's owner is woken for
 //! them by its [`Doorbell`].
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,9 @@ pub struct Hosted<D: BlockDevice> {
     closing: bool,
     stopped: bool,
     start: Instant,
+    /// The wall clock as last read, and when: a turn reuses it for up to a millisecond (its
+    /// resolution) instead of reading it again, as turns come millions of times a second.
+    wall: Cell<(Instant, u64)>,
 }
 
 impl<D: BlockDevice> Hosted<D> {
@@ -88,6 +92,7 @@ impl<D: BlockDevice> Hosted<D> {
             closing: false,
             stopped: false,
             start: Instant::now(),
+            wall: Cell::new((Instant::now(), mkfs::now_ms())),
         }
     }
 
@@ -122,9 +127,14 @@ impl<D: BlockDevice> Hosted<D> {
     /// The clocks for a step, and the instant they were read at.
     fn clocks(&self) -> (Now, Instant) {
         let at = Instant::now();
+        let (read_at, mut wall_ms) = self.wall.get();
+        if at.saturating_duration_since(read_at) >= Duration::from_millis(1) {
+            wall_ms = mkfs::now_ms();
+            self.wall.set((at, wall_ms));
+        }
         let now = Now {
             mono_ns: at.saturating_duration_since(self.start).as_nanos() as u64,
-            wall_ms: mkfs::now_ms(),
+            wall_ms,
         };
         (now, at)
     }

@@ -76,6 +76,9 @@ PY
 # serve_start <log> <args...>: starts nvmq serve, waits until it listens; sets $serve_pid.
 serve_start() {
   local log=$1; shift
+  # Emptied before the start, not by the child's redirection: the check below could otherwise
+  # find the line a previous round's server wrote before the child opens the file.
+  : > "$log"
   "$bin" serve "$@" > "$log" 2>&1 &
   serve_pid=$!
   children+=("$serve_pid")

@@ -10,9 +10,10 @@ use blockdev::{BlockDevice, IoBuffer};
 use crossbeam::channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use hdrhistogram::Histogram;
 use nvmq_log::format::LOG_START;
-use nvmq_log::{FlushMode, FormatOptions, Log, LogConfig, LogError};
+use nvmq_log::{FlushMode, FormatOptions, Log, LogConfig, LogError, WriterStats};
 use serde::Serialize;
 
+use crate::bench_inline::InlineLog;
 use crate::devspec::DeviceSpec;
 use crate::plot;
 
@@ -55,6 +56,11 @@ pub struct BenchArgs {
     /// microseconds on a virtual machine) at the price of a core's time, as SPDK polls.
     #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "50us")]
     pub spin: Duration,
+    /// Drive the producers on the writer's own thread, as `nvmq serve`'s event loops drive the
+    /// writer they host: no hand-off between threads per ack, and the thread polls the device
+    /// instead of sleeping while records are in flight. Shows the log's own cost per record.
+    #[arg(long)]
+    pub inline: bool,
     /// Format an existing file that is not the bench's own default file, or an NVMe namespace.
     #[arg(long)]
     pub force: bool,
@@ -124,6 +130,15 @@ pub struct Run {
 #[derive(Serialize, Debug)]
 pub struct Report {
     pub runs: Vec<Run>,
+}
+
+/// Who steps the bench's writer. One value per run, so the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Host {
+    /// Its own thread; producers are served by driver threads (`scenario`).
+    Thread(Log, Vec<u32>),
+    /// The bench's thread, with the producers (`--inline`).
+    Inline(InlineLog, Vec<u32>),
 }
 
 const DEFAULT_BENCH_FILE: &str = "./nvmq-data/bench.img";
@@ -218,11 +233,17 @@ fn run_one(
     let (writer, _report) =
         recovery::open(dev, cfg.clone()).context("opening the formatted device")?;
     let queue = cfg.queue_capacity;
-    let log = Log::start(writer, queue);
-    let mut partitions = Vec::new();
-    for i in 0..16 {
-        partitions.push(log.create_partition("bench", i)?);
-    }
+    let mut host = if args.inline {
+        let (inline, partitions) = InlineLog::start(writer, queue, 16)?;
+        Host::Inline(inline, partitions)
+    } else {
+        let log = Log::start(writer, queue);
+        let mut partitions = Vec::new();
+        for i in 0..16 {
+            partitions.push(log.create_partition("bench", i)?);
+        }
+        Host::Thread(log, partitions)
+    };
     let max_record = *args.record_size.iter().max().unwrap_or(&0);
     let max_producers = *args.producers.iter().max().unwrap_or(&1);
     // Bounded by: the request queue, one record per producer outside it, and the writer's batch
@@ -257,7 +278,15 @@ fn run_one(
     let mut scenarios = Vec::new();
     for &size in &args.record_size {
         for &p in &args.producers {
-            let s = scenario(&log, &partitions, p, size, args, &baseline)?;
+            let s = match &mut host {
+                Host::Thread(log, partitions) => {
+                    scenario(log, partitions, p, size, args, &baseline)?
+                }
+                Host::Inline(inline, partitions) => {
+                    let m = inline.scenario(partitions, p, size, args.duration)?;
+                    summarize(p, size, args.duration, &m.hist, &m.mid, &m.end, &baseline)
+                }
+            };
             pb.inc(1);
             if human {
                 pb.suspend(|| {
@@ -271,10 +300,15 @@ fn run_one(
             scenarios.push(s);
         }
     }
-    if let Some(f) = log.fatal() {
-        bail!("the writer stopped: {f}");
+    match host {
+        Host::Thread(log, _) => {
+            if let Some(f) = log.fatal() {
+                bail!("the writer stopped: {f}");
+            }
+            log.shutdown();
+        }
+        Host::Inline(inline, _) => inline.shutdown()?,
     }
-    log.shutdown();
     Ok(Run {
         device: text.to_string(),
         identity: info.identity.clone(),
@@ -505,19 +539,35 @@ fn scenario(
             .collect();
         (hists, mid, end)
     });
-    let secs = duration.as_secs_f64();
     for h in &hists {
         hist.add(h)?;
     }
     if let Some(e) = failed.lock().ok().and_then(|f| f.clone()) {
         bail!("an append failed: {e}");
     }
+    Ok(summarize(
+        producers, size, duration, &hist, &mid, &end, baseline,
+    ))
+}
+
+/// A scenario's figures from its latency histogram and the writer's counters at the start and
+/// the end of its measured window.
+fn summarize(
+    producers: usize,
+    size: usize,
+    duration: Duration,
+    hist: &Histogram<u64>,
+    mid: &WriterStats,
+    end: &WriterStats,
+    baseline: &DeviceBaseline,
+) -> Scenario {
+    let secs = duration.as_secs_f64();
     let acks = end.appends_acked - mid.appends_acked;
     let flushes = (end.flushes - mid.flushes).max(1);
     let payload_bytes = (end.payload_bytes_acked - mid.payload_bytes_acked).max(1);
     let device_bytes = end.device_bytes_written - mid.device_bytes_written;
     let single = 1.0 / baseline.write_flush_per_s.max(1e-9);
-    Ok(Scenario {
+    Scenario {
         producers,
         record_size: size,
         seconds: secs,
@@ -531,8 +581,8 @@ fn scenario(
         records_per_flush: acks as f64 / flushes as f64,
         write_amplification: device_bytes as f64 / payload_bytes as f64,
         vs_single_writer: (acks as f64 / secs) * single,
-        latency_histogram: buckets(&hist),
-    })
+        latency_histogram: buckets(hist),
+    }
 }
 
 /// The next producer whose record came back: polled for up to `spin`, then waited for.

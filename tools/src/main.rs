@@ -4,6 +4,7 @@
 mod acl;
 mod acl_flags;
 mod bench;
+mod bench_inline;
 mod bench_recovery;
 mod check_storage;
 mod config;

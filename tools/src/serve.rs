@@ -141,9 +141,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_pin: bool,
     /// How long a loop with device I/O in flight keeps polling before it sleeps (e.g. 50us; 0:
-    /// it sleeps at once). Trades a core's time for the cost of waking up.
-    #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "0")]
-    pub spin: Duration,
+    /// it sleeps at once). Trades a core's time for the cost of waking up. `auto`: 50us when no
+    /// device has a volatile write cache (power-loss-protected NVMe, `sim:plp=true`: an I/O
+    /// completes sooner than a sleeping loop wakes), 0 otherwise (a flush of a volatile cache
+    /// takes long enough that polling through it would only burn the core).
+    #[arg(long, value_parser = parse_spin, default_value = "auto")]
+    pub spin: Spin,
     /// Serve Prometheus metrics on http://<addr>/metrics (e.g. 127.0.0.1:9464).
     #[arg(long)]
     pub metrics_addr: Option<String>,
@@ -153,6 +156,41 @@ pub struct ServeArgs {
     /// 10m).
     #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "2s")]
     pub writer_stop_grace: Duration,
+}
+
+/// `--spin`: a duration, or `auto` (decided by the devices' write caches).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Spin {
+    Auto,
+    Fixed(Duration),
+}
+
+/// What `--spin auto` polls for when no device has a volatile write cache.
+const PLP_SPIN: Duration = Duration::from_micros(50);
+
+impl Spin {
+    fn resolve<D: blockdev::BlockDevice>(self, writers: &[nvmq_log::Writer<D>]) -> Duration {
+        match self {
+            Spin::Fixed(d) => d,
+            Spin::Auto
+                if writers
+                    .iter()
+                    .all(|w| !w.device().info().volatile_write_cache) =>
+            {
+                PLP_SPIN
+            }
+            Spin::Auto => Duration::ZERO,
+        }
+    }
+}
+
+fn parse_spin(v: &str) -> Result<Spin, String> {
+    if v.trim() == "auto" {
+        return Ok(Spin::Auto);
+    }
+    crate::devspec::parse_duration(v)
+        .map(Spin::Fixed)
+        .map_err(|e| format!("{e}, or auto"))
 }
 
 fn parse_principal(s: &str) -> Result<frontend::session::Principal, String> {
@@ -350,10 +388,11 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         ..frontend::Config::default()
     };
     let opened = std::time::Instant::now();
+    let spin = args.spin.resolve(&writers);
     let opts = frontend::ServerOptions {
         loops: args.loops,
         pin: !args.no_pin,
-        spin: args.spin,
+        spin,
         queue_capacity: queue,
         tls: tls.clone(),
         ..frontend::ServerOptions::default()
@@ -418,8 +457,13 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         )
     };
     println!(
-        "nvmq serving Kafka on {bound} (advertised as {host}:{port}), {} event loops{}",
+        "nvmq serving Kafka on {bound} (advertised as {host}:{port}), {} event loops{}{}",
         server.loops(),
+        if spin.is_zero() {
+            String::new()
+        } else {
+            format!(", polling {} us for completions", spin.as_micros())
+        },
         match &tls {
             Some(t) if t.requires_client_cert() => ", TLS with client certificates",
             Some(_) => ", TLS",

@@ -6,6 +6,22 @@ use std::time::Duration;
 
 use common::*;
 
+/// Every run has one scenario per producer count, in order, each with acks and a histogram.
+fn assert_scenarios(runs: &[serde_json::Value], producers: &[u64]) {
+    for run in runs {
+        let sc = run["scenarios"].as_array().unwrap();
+        assert_eq!(sc.len(), producers.len(), "{run}");
+        for (s, &p) in sc.iter().zip(producers) {
+            assert_eq!(s["producers"], p);
+            assert!(s["acks"].as_u64().unwrap() > 0, "{s}");
+            assert!(s["p50_us"].as_f64().unwrap() <= s["p99_us"].as_f64().unwrap());
+            let hist = s["latency_histogram"].as_array().unwrap();
+            let counted: u64 = hist.iter().map(|b| b["count"].as_u64().unwrap()).sum();
+            assert!(counted > 0, "{s}");
+        }
+    }
+}
+
 #[test]
 fn bench_runs_every_scenario_and_writes_results_and_plots() {
     let d = temp_dir("bench");
@@ -45,18 +61,7 @@ fn bench_runs_every_scenario_and_writes_results_and_plots() {
         .map(|r| r["flush_mode"].as_str().unwrap())
         .collect();
     assert_eq!(modes, ["always", "never", "always", "never"]);
-    for run in runs {
-        let sc = run["scenarios"].as_array().unwrap();
-        assert_eq!(sc.len(), 2);
-        for (s, producers) in sc.iter().zip([1, 8]) {
-            assert_eq!(s["producers"], producers);
-            assert!(s["acks"].as_u64().unwrap() > 0, "{s}");
-            assert!(s["p50_us"].as_f64().unwrap() <= s["p99_us"].as_f64().unwrap());
-            let hist = s["latency_histogram"].as_array().unwrap();
-            let counted: u64 = hist.iter().map(|b| b["count"].as_u64().unwrap()).sum();
-            assert!(counted > 0);
-        }
-    }
+    assert_scenarios(runs, &[1, 8]);
     let tput = std::fs::read_to_string(plots.join("throughput.svg")).unwrap();
     assert!(tput.starts_with("<svg") && tput.contains("acks/s") && tput.contains("p99"));
     assert_eq!(
@@ -70,6 +75,39 @@ fn bench_runs_every_scenario_and_writes_results_and_plots() {
         2,
         "the first run's scenarios"
     );
+}
+
+#[test]
+fn bench_inline_drives_the_producers_on_the_writer_thread_and_leaves_a_sound_log() {
+    let d = temp_dir("bench-inline");
+    let img = d.join("b.img");
+    let r = nvmq(&[
+        "bench",
+        "--inline",
+        "--device",
+        "sim:plp=true,write=10us",
+        "--device",
+        &spec(&img),
+        "--size",
+        "64M",
+        "--flush",
+        "always,never",
+        "--producers",
+        "1,16",
+        "--record-size",
+        "100",
+        "--duration",
+        "200ms",
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{r}");
+    let v = r.json();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "2 devices x 2 flush modes");
+    assert_scenarios(runs, &[1, 16]);
+    // The writer stepped by the bench's own thread closed the log cleanly: it opens and checks.
+    let r = nvmq(&["verify", "--device", &spec(&img)]);
+    assert_eq!(r.code, 0, "{r}");
 }
 
 #[test]
@@ -435,6 +473,55 @@ fn serve_listens_beyond_loopback_only_when_told_the_network_is_trusted() {
     assert_eq!(r.code, -1, "serve ended by itself: {r}");
     assert!(
         format!("{}{}", r.stdout, r.stderr).contains("serving Kafka on 0.0.0.0:"),
+        "{r}"
+    );
+}
+
+/// `--spin auto` (the default) polls for completions only when no device has a volatile write
+/// cache, where an I/O completes sooner than a sleeping loop wakes; a given duration wins; a bad
+/// value is refused naming the flag.
+#[test]
+fn serve_polls_for_completions_by_default_only_on_devices_without_a_volatile_cache() {
+    let cases: [(&[&str], Option<&str>); 4] = [
+        (
+            &["--device", "sim:plp=true,write=10us"],
+            Some("polling 50 us"),
+        ),
+        (&["--device", "sim"], None),
+        (&["--device", "sim:plp=true", "--spin", "0"], None),
+        (
+            &["--device", "sim", "--spin", "20us"],
+            Some("polling 20 us"),
+        ),
+    ];
+    let runs: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|(flags, _)| {
+                s.spawn(move || {
+                    let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+                    args.extend_from_slice(flags);
+                    nvmq_with(&args, &[], Duration::from_secs(5))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for ((flags, wants), r) in cases.iter().zip(runs) {
+        let out = format!("{}{}", r.stdout, r.stderr);
+        let line = out
+            .lines()
+            .find(|l| l.contains("serving Kafka on"))
+            .unwrap_or_else(|| panic!("{flags:?}: no serving line: {r}"));
+        match wants {
+            Some(w) => assert!(line.contains(w), "{flags:?}: {line}"),
+            None => assert!(!line.contains("polling"), "{flags:?}: {line}"),
+        }
+    }
+    let r = nvmq(&["serve", "--device", "sim", "--spin", "sometimes"]);
+    assert!(r.code > 0, "{r}");
+    assert!(
+        r.stderr.contains("--spin") && r.stderr.contains("or auto"),
         "{r}"
     );
 }

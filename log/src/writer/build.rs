@@ -67,8 +67,10 @@ impl<D: BlockDevice> Writer<D> {
         buf.set_len(buf.capacity());
         let mut c = Contents::default();
         // Where each partition's index entry for this batch sits in `c.index`: a batch may
-        // hold records of thousands of partitions.
-        let mut entry_of: HashMap<u32, usize> = HashMap::new();
+        // hold records of thousands of partitions. The map is the writer's, emptied per batch,
+        // so that a batch allocates nothing for it.
+        let mut entry_of = std::mem::take(&mut self.entry_of);
+        entry_of.clear();
         let mut b = BatchBuilder::new(&mut buf, self.geo.format_id, self.epoch, self.tail);
         let u = self.geo.write_unit as usize;
         while let Some(p) = self.pending.front() {
@@ -187,6 +189,7 @@ impl<D: BlockDevice> Writer<D> {
                 }
             }
         }
+        self.entry_of = entry_of;
         let sealed = b_finish(b);
         if sealed.1 == 0 {
             self.free_bufs.push(buf);

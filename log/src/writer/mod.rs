@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use blockdev::{BlockDevice, Completion, IoBuffer};
 use bytes::Bytes;
+use rustc_hash::FxHashMap;
 
 use crate::backfill::{Backfill, Backfilled};
 use crate::batch::BatchBuilder;
@@ -253,6 +254,8 @@ pub struct Writer<D: BlockDevice> {
     batches: VecDeque<InFlight>,
     writes_in_flight: usize,
     write_tags: HashMap<u64, u64>,
+    /// `write_records`' partition -> index entry map, kept to reuse its allocation.
+    entry_of: FxHashMap<u32, usize>,
     flushes: VecDeque<FlushSlot>,
     next_tag: u64,
     free_bufs: Vec<IoBuffer>,
@@ -397,6 +400,7 @@ impl<D: BlockDevice> Writer<D> {
             batches: VecDeque::new(),
             writes_in_flight: 0,
             write_tags: HashMap::new(),
+            entry_of: FxHashMap::default(),
             flushes: VecDeque::new(),
             next_tag: 0,
             free_bufs,
