@@ -129,6 +129,7 @@ impl Broker {
         }
         let internal = startup::internal_partitions(&logs)?;
         let producers = Arc::new(Producers::new(cfg.producer_id_expiration));
+        let initial_delay = cfg.group_initial_rebalance_delay;
         let replayed = startup::replay(&logs, &internal, &producers)?;
         let topics = Topics::new(replayed.topics, replayed.incarnation);
         let (tx, _) = watch::channel(0u64);
@@ -166,7 +167,7 @@ impl Broker {
             meta_partition: PartRef::new(0, internal.metas[0]),
             offsets_partition: PartRef::new(0, internal.offsets),
             metas: internal.metas,
-            groups: Groups::new(replayed.generations),
+            groups: Groups::with_initial_delay(replayed.generations, initial_delay),
             offsets: replayed.offsets,
             producers,
             startup: replayed.startup,

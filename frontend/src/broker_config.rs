@@ -69,6 +69,9 @@ pub fn settings(b: &Broker) -> Vec<Setting> {
         setting("producer.id.expiration.ms", ms(c.producer_id_expiration),
             ms(d.producer_id_expiration), Kind::Long,
             "An idle idempotent producer is forgotten after this long (serve --producer-id-expiration)."),
+        setting("group.initial.rebalance.delay.ms", ms(c.group_initial_rebalance_delay),
+            ms(d.group_initial_rebalance_delay), Kind::Int,
+            "A group that was empty waits this long for more members before its first rebalance completes (serve --group-initial-rebalance-delay)."),
         // The defaults of the topic configs (their synonyms).
         setting("message.max.bytes", max_batch.clone(), max_batch, Kind::Int,
             "Largest record batch: the log's largest record (set by the device's geometry)."),

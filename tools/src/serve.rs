@@ -120,6 +120,12 @@ pub struct ServeArgs {
     /// clock afresh (commits are stored without a time), so offsets are never dropped early.
     #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "7d")]
     pub offsets_retention: Duration,
+    /// A consumer group that was empty waits this long for more members before its first
+    /// rebalance completes, and as long again for each member that arrives meanwhile (within the
+    /// rebalance timeout), so consumers started together share one generation (Kafka's
+    /// group.initial.rebalance.delay.ms, whose default is 3s; 0 completes at the first join).
+    #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "0")]
+    pub group_initial_rebalance_delay: Duration,
     /// Benchmark ceiling: answer Produce (decoded and checked as always) without touching the
     /// log, so nothing is stored. Shows what the request/response path alone allows; for
     /// `kafka-bench` comparisons only.
@@ -252,6 +258,14 @@ pub fn run(args: ServeArgs) -> Result<Status> {
     if args.default_partitions == 0 {
         bail!("--default-partitions must be at least 1");
     }
+    // Kafka's setting is an int of milliseconds; clients read it back through DescribeConfigs.
+    if args.group_initial_rebalance_delay.as_millis() > i32::MAX as u128 {
+        bail!(
+            "--group-initial-rebalance-delay {:?}: at most {} ms (about 24 days)",
+            args.group_initial_rebalance_delay,
+            i32::MAX
+        );
+    }
     let listen: SocketAddr = args
         .listen
         .parse()
@@ -373,6 +387,7 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         max_uncompressed_batch: max_uncompressed,
         producer_id_expiration: args.producer_id_expiration,
         offsets_retention: args.offsets_retention,
+        group_initial_rebalance_delay: args.group_initial_rebalance_delay,
         ceiling: args.ceiling,
         max_connection_bytes,
         max_queued_bytes,

@@ -414,8 +414,12 @@ fn the_file_engine_is_chosen_in_the_device_spec_and_reported() {
 /// be read); a grace after a writer stop longer than ten minutes is refused, naming the limit.
 #[test]
 fn serve_refuses_bad_sizes_and_an_endless_writer_stop_grace_naming_the_flag() {
-    let cases: [(&[&str], &[&str]); 5] = [
+    let cases: [(&[&str], &[&str]); 6] = [
         (&["--max-frame", "0"], &["--max-frame", "must be positive"]),
+        (
+            &["--group-initial-rebalance-delay", "30d"],
+            &["--group-initial-rebalance-delay", "at most"],
+        ),
         (
             &["--max-connection-bytes", "12 parsecs"],
             &["--max-connection-bytes", "12 parsecs"],

@@ -225,6 +225,24 @@ fn librdkafka_test_suite_allow_list_passes() {
     librdkafka_suite(&s.addr, &["--broker", "sockem"]);
 }
 
+/// The allow-list's "delayed" tests against a broker that holds a new group's first rebalance
+/// for Kafka's default 3 s (`--group-initial-rebalance-delay`): 0102's two static members join
+/// a new group a few ms apart and expect one rebalance between them.
+#[test]
+fn librdkafka_group_tests_with_an_initial_rebalance_delay() {
+    let _turn = one_at_a_time();
+    let s = Server::start_with(
+        "sim:capacity=1G,flush=500us",
+        &[
+            "--default-partitions",
+            "4",
+            "--group-initial-rebalance-delay",
+            "3s",
+        ],
+    );
+    librdkafka_suite(&s.addr, &["--broker", "delayed"]);
+}
+
 /// xorshift64*: the seed replays the kill moments.
 fn next(seed: &mut u64) -> u64 {
     *seed ^= *seed >> 12;

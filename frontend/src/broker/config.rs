@@ -42,6 +42,9 @@ pub struct Config {
     /// A group with no members that commits nothing for this long is deleted with its offsets
     /// (Kafka's offsets.retention.minutes).
     pub offsets_retention: Duration,
+    /// How long a consumer group that was empty waits for more members before its first
+    /// rebalance completes (Kafka's group.initial.rebalance.delay.ms; Kafka defaults to 3 s).
+    pub group_initial_rebalance_delay: Duration,
     /// Benchmark ceiling: Produce is decoded and its batches checked as always, then answered at
     /// once without touching the log (nothing is stored). What the request/response path alone
     /// allows on this machine; never for real use.
@@ -81,6 +84,7 @@ impl Default for Config {
             write_timeout: Duration::from_secs(60),
             producer_id_expiration: crate::producers::DEFAULT_EXPIRATION,
             offsets_retention: Duration::from_secs(7 * 24 * 3600),
+            group_initial_rebalance_delay: Duration::ZERO,
             ceiling: false,
             max_uncompressed_batch: crate::records::DEFAULT_MAX_UNCOMPRESSED,
             authorizer: false,

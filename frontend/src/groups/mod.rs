@@ -111,6 +111,10 @@ struct Group {
     statics: HashMap<String, String>,
     /// Since when the group has had no members (for the expiry of empty groups).
     empty_since: Option<Instant>,
+    /// The first rebalance of a group that was empty completes no sooner than this (Kafka's
+    /// `group.initial.rebalance.delay.ms`), so that members starting together join one
+    /// generation instead of rebalancing once per arrival.
+    initial_hold: Option<Instant>,
 }
 
 impl Group {
@@ -140,10 +144,18 @@ pub struct Groups {
     nonce: u64,
     /// Completed generations, for the broker to record durably.
     generations: Mutex<Option<mpsc::UnboundedSender<(String, i32)>>>,
+    /// How long a group that was empty waits for more members before its first rebalance
+    /// completes (each new member waits this long again, within the rebalance timeout).
+    initial_delay: Duration,
 }
 
 impl Groups {
     pub fn new(replayed: HashMap<String, i32>) -> Groups {
+        Groups::with_initial_delay(replayed, Duration::ZERO)
+    }
+
+    /// As `new`, with Kafka's `group.initial.rebalance.delay.ms`.
+    pub fn with_initial_delay(replayed: HashMap<String, i32>, initial_delay: Duration) -> Groups {
         let nonce = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
@@ -155,6 +167,7 @@ impl Groups {
             next_member: AtomicU64::new(1),
             nonce,
             generations: Mutex::new(None),
+            initial_delay,
         }
     }
 
@@ -173,6 +186,7 @@ impl Groups {
             members: BTreeMap::new(),
             statics: HashMap::new(),
             empty_since: None,
+            initial_hold: None,
         })
     }
 
@@ -198,6 +212,7 @@ impl Groups {
             return Answer::Now(refuse(codes::INCONSISTENT_GROUP_PROTOCOL, &req.member_id));
         }
         let mut m = lock(&self.groups);
+        let now = Instant::now();
         let stale = m.get(&req.group).and_then(|g| {
             (!req.member_id.is_empty())
                 .then(|| g.fenced(req.instance_id.as_deref(), &req.member_id))
@@ -236,7 +251,6 @@ impl Groups {
         if !others_share || !type_ok {
             return Answer::Now(refuse(codes::INCONSISTENT_GROUP_PROTOCOL, &req.member_id));
         }
-        let now = Instant::now();
         let (member_id, kept) = match &static_old {
             Some(old) => {
                 let new_id = self.new_member_id(&req.client_id);
@@ -245,6 +259,7 @@ impl Groups {
             None if req.member_id.is_empty() => (self.new_member_id(&req.client_id), None),
             None => (req.member_id.clone(), None),
         };
+        let arriving = !g.members.contains_key(&member_id);
         let member = g
             .members
             .entry(member_id.clone())
@@ -296,7 +311,10 @@ impl Groups {
             mem.join = Some(tx);
         }
         self.prepare(g, now);
-        self.try_complete(g);
+        if arriving {
+            self.extend_hold(g, now);
+        }
+        self.try_complete(g, now);
         Answer::Held(rx)
     }
 
@@ -340,6 +358,9 @@ impl Groups {
             .map(|m| m.rebalance_timeout)
             .max()
             .unwrap_or(Duration::ZERO);
+        if g.state == State::Empty && !self.initial_delay.is_zero() {
+            g.initial_hold = Some(now + self.initial_delay.min(wait));
+        }
         g.state = State::Preparing {
             deadline: now + wait,
         };
@@ -353,8 +374,21 @@ impl Groups {
         }
     }
 
-    fn try_complete(&self, g: &mut Group) {
+    /// A member arrived during the initial hold: wait for others as long again, but never past
+    /// the rebalance's deadline.
+    fn extend_hold(&self, g: &mut Group, now: Instant) {
+        if let (Some(hold), State::Preparing { deadline }) = (g.initial_hold, g.state) {
+            if now < hold {
+                let left = deadline.saturating_duration_since(now);
+                g.initial_hold = Some(now + self.initial_delay.min(left));
+            }
+        }
+    }
+
+    fn try_complete(&self, g: &mut Group, now: Instant) {
+        let held = g.initial_hold.is_some_and(|h| now < h);
         if matches!(g.state, State::Preparing { .. })
+            && !held
             && g.members.values().all(|m| m.join.is_some())
         {
             self.complete(g);
@@ -362,6 +396,7 @@ impl Groups {
     }
 
     fn complete(&self, g: &mut Group) {
+        g.initial_hold = None;
         g.generation = g.generation.wrapping_add(1).max(1);
         if let Some(tx) = lock(&self.generations).as_ref() {
             let _ = tx.send((g.name.clone(), g.generation));
@@ -572,8 +607,9 @@ impl Groups {
             }
             return;
         }
-        self.prepare(g, Instant::now());
-        self.try_complete(g);
+        let now = Instant::now();
+        self.prepare(g, now);
+        self.try_complete(g, now);
     }
 
     /// OffsetCommit's membership check: NONE when the commit may go ahead.
@@ -624,6 +660,8 @@ impl Groups {
                     self.complete(g);
                     continue;
                 }
+                // The initial hold may have passed with everyone joined.
+                self.try_complete(g, now);
             }
             let before = g.members.len();
             g.members.retain(|_, mem| {

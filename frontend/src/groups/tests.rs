@@ -238,3 +238,67 @@ fn a_restarted_static_member_with_a_new_subscription_rebalances() {
     );
     assert_eq!(gs.describe("g").unwrap().state, "PreparingRebalance");
 }
+
+/// Kafka's group.initial.rebalance.delay.ms: the first rebalance of an empty group waits for
+/// more members, so members starting together get one generation, not one each.
+#[test]
+fn an_empty_group_holds_its_first_rebalance_for_members_arriving_together() {
+    let delay = Duration::from_millis(300);
+    let gs = Groups::with_initial_delay(HashMap::new(), delay);
+    let start = Instant::now();
+    let Answer::Held(mut a) = gs.join(req("g", "")) else {
+        panic!("the first join was answered at once despite the initial delay")
+    };
+    // Still held while the delay runs, even on a tick.
+    gs.tick(start + Duration::from_millis(100));
+    assert!(a.try_recv().is_err(), "answered inside the initial delay");
+    // A second member arrives within the delay: both wait for it and share the generation.
+    std::thread::sleep(Duration::from_millis(150));
+    let Answer::Held(mut b) = gs.join(req("g", "")) else {
+        panic!("the second join was answered at once")
+    };
+    assert!(a.try_recv().is_err() && b.try_recv().is_err());
+    // The hold moved: the first delay's end alone does not complete the rebalance.
+    gs.tick(start + delay + Duration::from_millis(10));
+    assert!(a.try_recv().is_err(), "the arrival did not extend the hold");
+    gs.tick(Instant::now() + delay + Duration::from_millis(10));
+    let (ja, jb) = (a.try_recv().unwrap(), b.try_recv().unwrap());
+    assert_eq!((ja.error, jb.error), (codes::NONE, codes::NONE));
+    assert_eq!(
+        (ja.generation, jb.generation),
+        (1, 1),
+        "one generation for both"
+    );
+    let leader = if ja.leader == ja.member_id { &ja } else { &jb };
+    assert_eq!(leader.members.len(), 2, "the leader assigns both at once");
+}
+
+/// The hold never outlasts the rebalance timeout, and a group that was not empty does not
+/// wait: a member joining a stable group rebalances as soon as everyone has rejoined.
+#[test]
+fn the_initial_hold_is_bounded_and_only_for_an_empty_group() {
+    let gs = Groups::with_initial_delay(HashMap::new(), Duration::from_secs(3600));
+    let mut r = req("g", "");
+    r.rebalance_timeout_ms = 1_000;
+    r.session_timeout_ms = 1_000;
+    let Answer::Held(mut a) = gs.join(r) else {
+        panic!("answered at once")
+    };
+    gs.tick(Instant::now() + Duration::from_millis(1_100));
+    let ja = a
+        .try_recv()
+        .expect("the hold outlasted the rebalance timeout");
+    assert_eq!((ja.error, ja.generation), (codes::NONE, 1));
+    let assignment = vec![(ja.member_id.clone(), Bytes::from_static(b"all"))];
+    let sa = gs.sync("g", 1, &ja.member_id, None, assignment).try_now();
+    assert_eq!(sa.map(|s| s.error), Some(codes::NONE));
+    // B joins the stable group; A rejoins at once: no initial hold now.
+    let Answer::Held(mut b) = gs.join(req("g", "")) else {
+        panic!("B's join was answered before A rejoined")
+    };
+    let Answer::Held(mut a2) = gs.join(req("g", &ja.member_id)) else {
+        panic!("A's rejoin was not held")
+    };
+    let (ja2, jb) = (a2.try_recv().unwrap(), b.try_recv().unwrap());
+    assert_eq!((ja2.generation, jb.generation), (2, 2));
+}

@@ -6,7 +6,8 @@
 #   "full" (run without -Q: tests whose subtests are all skipped in quick mode), "sockem" (run
 #   without -E: tests that put librdkafka's socket emulator between client and broker: delays,
 #   stalls, cut connections), both against the usual broker, or "sasl_ssl" against a broker the
-#   caller started with TLS and SCRAM. --conf gives the suite's clients their
+#   caller started with TLS and SCRAM, or "delayed" (as full, against a broker the caller
+#   started with --group-initial-rebalance-delay). --conf gives the suite's clients their
 #   settings; when they name a client key and certificate (ssl.ca.location,
 #   ssl.certificate.location, ssl.key.location: PEM files), the DER and PKCS#12 forms the suite's
 #   SSL test (0097) loads are made from them here, as its usual harness (trivup) does.
@@ -91,7 +92,7 @@ fi
 # that are not marked quick are skipped, silently) but for "full"; -E no socket emulator but for
 # "sockem".
 flags=(-L -K)
-[ "$kind" = full ] || flags+=(-Q)
+[ "$kind" = full ] || [ "$kind" = delayed ] || flags+=(-Q)
 [ "$kind" = sockem ] || flags+=(-E)
 # The suite's SSL test (0097) reads the client's key, certificate and CA in every encoding
 # from SSL_* variables: convert the PEM files --conf names.
