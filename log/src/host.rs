@@ -77,17 +77,22 @@ pub struct Hosted<D: BlockDevice> {
     closing: bool,
     stopped: bool,
     start: Instant,
+    /// The instant the last turn read its clocks at: the spin of `run_thread` measures with it
+    /// instead of reading the clock again.
+    turned_at: Instant,
 }
 
 impl<D: BlockDevice> Hosted<D> {
     pub(crate) fn new(writer: Writer<D>, rx: Receiver<Request>, queue_capacity: usize) -> Self {
+        let start = Instant::now();
         Hosted {
             writer,
             rx,
             queue_capacity,
             closing: false,
             stopped: false,
-            start: Instant::now(),
+            start,
+            turned_at: start,
         }
     }
 
@@ -139,6 +144,7 @@ impl<D: BlockDevice> Hosted<D> {
         }
         // One clock read for the turn: the step, the appends taken in it, and the wake-up.
         let (now, at) = self.clocks();
+        self.turned_at = at;
         self.writer.set_clock(at);
         let mut got = false;
         while !self.closing && self.writer.pending_len() < self.queue_capacity {
@@ -288,15 +294,18 @@ pub(crate) enum WakeBell {}
 /// otherwise it waits on the device in slices and on the queue in turn.
 pub(crate) fn run_thread<D: BlockDevice>(mut h: Hosted<D>, bell: Option<Arc<WakeBell>>) {
     let spin = h.writer.config().spin;
-    // Since when the writer has turned without progress (None: it just moved or slept).
+    // Since when the writer has turned without progress (None: it just moved or slept), by the
+    // turns' own clock readings: an idle spin reads the clock once per turn, in the turn.
     let mut idle_since: Option<Instant> = None;
     loop {
-        match h.turn() {
+        let turn = h.turn();
+        let at = h.turned_at;
+        match turn {
             Turn::Moved => idle_since = None,
             Turn::Idle { .. }
                 if !spin.is_zero()
                     && !h.closing
-                    && idle_since.get_or_insert_with(Instant::now).elapsed() < spin =>
+                    && at.saturating_duration_since(*idle_since.get_or_insert(at)) < spin =>
             {
                 // Yield, not a busy hint: a producer sharing this core (a loaded machine) then
                 // runs at once instead of after the whole spin.
