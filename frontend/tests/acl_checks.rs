@@ -58,11 +58,6 @@ fn fetch(t: &str) -> FetchRequest {
     r
 }
 
-fn end_of(b: &Broker, t: &str, i: i32) -> u64 {
-    let p = b.topics().partition(t, i).expect("partition");
-    b.bounds(p).expect("bounds").1
-}
-
 /// The served fast paths (Produce and Fetch on the event loop) refuse what the principal
 /// (`User:ANONYMOUS` on a plain connection) may not do, per partition, and store nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,7 +85,7 @@ async fn fast_paths_refuse_denied_produce_and_fetch_per_partition() {
         }
     }
     assert_eq!(
-        (end_of(&b, "b", 0), end_of(&b, "b", 1)),
+        (common::end_of(&b, "b", 0), common::end_of(&b, "b", 1)),
         (0, 0),
         "a denied batch was stored"
     );
@@ -99,7 +94,7 @@ async fn fast_paths_refuse_denied_produce_and_fetch_per_partition() {
         .partition_responses
         .iter()
         .all(|p| p.error_code == NONE));
-    assert_eq!(end_of(&b, "a", 0), 1);
+    assert_eq!(common::end_of(&b, "a", 0), 1);
 
     let r = c.call(11, &fetch("b")).await.unwrap();
     assert_eq!(
@@ -146,7 +141,7 @@ async fn fast_paths_refuse_denied_produce_and_fetch_per_partition() {
         r.responses[0].partition_responses[0].error_code,
         TOPIC_AUTHORIZATION_FAILED
     );
-    assert_eq!(end_of(&b, "a", 0), 1);
+    assert_eq!(common::end_of(&b, "a", 0), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,7 +156,7 @@ async fn the_slow_paths_and_list_offsets_are_checked_too() {
         r.responses[0].partition_responses[0].error_code,
         TOPIC_AUTHORIZATION_FAILED
     );
-    assert_eq!(end_of(&b, "b", 0), 0);
+    assert_eq!(common::end_of(&b, "b", 0), 0);
     let r = call(&b, &alice, 8, &produce("a", &[0])).await;
     assert_eq!(r.responses[0].partition_responses[0].error_code, NONE);
     let r = call(&b, &alice, 11, &fetch("b")).await;
