@@ -131,37 +131,92 @@ struct PartWait {
     waits: Vec<Wait>,
 }
 
-/// From v13 (KIP-516) a Produce names each topic by id. The name of the live topic with that id
-/// goes into `t.name` (one lookup per topic, nothing per partition or record), so the ACL check
-/// and the partition lookups read it as at v3–12. An id no live topic has (never had, or a
-/// topic since deleted, whose re-creation got a new id) is UNKNOWN_TOPIC_ID for each of its
-/// partitions, decided before any ACL is read, as Kafka resolves ids first.
-pub(crate) fn name_topic(
-    b: &Broker,
-    version: i16,
-    t: &mut TopicProduceData,
-) -> Option<(i16, String)> {
-    if version < 13 {
-        return None;
-    }
-    match b.topics().name_of(&t.topic_id) {
-        Some(n) => {
-            t.name = TopicName(StrBytes::from_string(n.to_owned()));
-            None
+/// What a Produce may do with one of its topics: decided once per topic per request, with one
+/// lock of the topic registry, for both of Produce's paths (`produce` here and the event loop's
+/// `reactor::checking`).
+pub(crate) enum TopicGate {
+    /// Every partition the request names of the topic is refused with this.
+    Refused(i16, String),
+    /// The partitions the request names, in its order (None: the topic has no such index).
+    Open(Vec<Option<PartRef>>),
+}
+
+impl TopicGate {
+    /// Decides for topic `t` of a Produce, in Kafka's order: from v13 (KIP-516) an id no live
+    /// topic has (never had, or a topic since deleted, whose re-creation got a new id) is
+    /// UNKNOWN_TOPIC_ID, before any ACL is read, as Kafka resolves ids first; then Write on the
+    /// topic; then `request`, what the request as a whole is refused for (`request_refusal`).
+    /// From v13 the live topic's name goes into `t.name`, so the answer and the logs read it as
+    /// at v3–12.
+    pub fn decide(
+        b: &Broker,
+        ctx: &Ctx,
+        request: Option<&(i16, String)>,
+        t: &mut TopicProduceData,
+    ) -> TopicGate {
+        let parts = {
+            let topics = b.topics();
+            if ctx.version >= 13 {
+                match topics.name_of(&t.topic_id) {
+                    Some(n) => t.name = TopicName(StrBytes::from_string(n.to_owned())),
+                    None => {
+                        return TopicGate::Refused(
+                            codes::UNKNOWN_TOPIC_ID,
+                            format!("no topic has id {}", t.topic_id),
+                        )
+                    }
+                }
+            }
+            let name = t.name.as_str();
+            t.partition_data
+                .iter()
+                .map(|p| topics.partition(name, p.index))
+                .collect()
+        };
+        if !acl::check::topic(b, ctx, Operation::Write, t.name.as_str()) {
+            return TopicGate::Refused(
+                codes::TOPIC_AUTHORIZATION_FAILED,
+                format!(
+                    "{} may not write to topic {:?}",
+                    ctx.session.principal(),
+                    t.name.as_str()
+                ),
+            );
         }
-        None => Some((
-            codes::UNKNOWN_TOPIC_ID,
-            format!("no topic has id {}", t.topic_id),
-        )),
+        if let Some((code, what)) = request {
+            return TopicGate::Refused(*code, what.clone());
+        }
+        TopicGate::Open(parts)
+    }
+
+    /// The `i`-th partition the request names of topic `name` (its index `index`), or why it is
+    /// refused.
+    pub fn partition(&self, i: usize, name: &str, index: i32) -> Result<PartRef, (i16, String)> {
+        match self {
+            TopicGate::Refused(code, what) => Err((*code, what.clone())),
+            TopicGate::Open(parts) => parts.get(i).copied().flatten().ok_or_else(|| {
+                (
+                    codes::UNKNOWN_TOPIC_OR_PARTITION,
+                    format!("{name}/{index} does not exist"),
+                )
+            }),
+        }
     }
 }
 
-/// The message of a partition refused for want of Write on its topic.
-pub(crate) fn denied(ctx: &Ctx, topic: &str) -> String {
-    format!(
-        "{} may not write to topic {topic:?}",
-        ctx.session.principal()
-    )
+/// Why a Produce is refused as a whole (each of its partitions answers it, after the refusals
+/// of its topic): a transactional id, or acks other than -1, 0 or 1.
+pub(crate) fn request_refusal(req: &ProduceRequest) -> Option<(i16, String)> {
+    if req.transactional_id.is_some() {
+        Some((
+            codes::INVALID_REQUEST,
+            "transactions are not supported".into(),
+        ))
+    } else if !matches!(req.acks, -1..=1) {
+        Some((codes::INVALID_REQUIRED_ACKS, format!("acks={}", req.acks)))
+    } else {
+        None
+    }
 }
 
 pub fn log_error_code(e: &LogError) -> i16 {
@@ -176,43 +231,26 @@ pub fn log_error_code(e: &LogError) -> i16 {
 
 pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
     let acks = req.acks;
+    let refused = request_refusal(&req);
+    let checks = checks(&b.cfg, ctx.version);
     let mut topics: Vec<(TopicName, Uuid, Vec<PartWait>)> = Vec::new();
     for mut t in req.topic_data {
-        let mut parts = Vec::new();
-        let unknown = name_topic(b, ctx.version, &mut t);
-        let allowed =
-            unknown.is_some() || acl::check::topic(b, ctx, Operation::Write, t.name.as_str());
-        for p in t.partition_data {
-            let pid = b.topics().partition(t.name.as_str(), p.index);
+        let gate = TopicGate::decide(b, ctx, refused.as_ref(), &mut t);
+        let mut parts = Vec::with_capacity(t.partition_data.len());
+        for (i, p) in t.partition_data.into_iter().enumerate() {
+            let pid = gate.partition(i, t.name.as_str(), p.index);
             let mut pw = PartWait {
                 index: p.index,
-                partition: pid,
+                partition: pid.as_ref().ok().copied(),
                 error: None,
                 waits: Vec::new(),
             };
-            pw.error = if let Some(refused) = &unknown {
-                Some(refused.clone())
-            } else if !allowed {
-                Some((
-                    codes::TOPIC_AUTHORIZATION_FAILED,
-                    denied(ctx, t.name.as_str()),
-                ))
-            } else if req.transactional_id.is_some() {
-                Some((
-                    codes::INVALID_REQUEST,
-                    "transactions are not supported".into(),
-                ))
-            } else if !matches!(acks, -1..=1) {
-                Some((codes::INVALID_REQUIRED_ACKS, format!("acks={acks}")))
-            } else if let Some(pid) = pid {
-                let records = p.records.as_deref().unwrap_or(&[]);
-                let checks = checks(&b.cfg, ctx.version);
-                start_partition(b, pid, records, &checks, &mut pw.waits).await
-            } else {
-                Some((
-                    codes::UNKNOWN_TOPIC_OR_PARTITION,
-                    format!("{}/{} does not exist", t.name.as_str(), p.index),
-                ))
+            pw.error = match pid {
+                Err(refused) => Some(refused),
+                Ok(pid) => {
+                    let records = p.records.as_deref().unwrap_or(&[]);
+                    start_partition(b, pid, records, &checks, &mut pw.waits).await
+                }
             };
             if let Some((code, what)) = &pw.error {
                 tracing::debug!(topic = t.name.as_str(), partition = p.index, code, %what, "produce refused");

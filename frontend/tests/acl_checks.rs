@@ -22,6 +22,7 @@ use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
+use uuid::Uuid;
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
@@ -58,11 +59,6 @@ fn fetch(t: &str) -> FetchRequest {
     r
 }
 
-fn end_of(b: &Broker, t: &str, i: i32) -> u64 {
-    let p = b.topics().partition(t, i).expect("partition");
-    b.bounds(p).expect("bounds").1
-}
-
 /// The served fast paths (Produce and Fetch on the event loop) refuse what the principal
 /// (`User:ANONYMOUS` on a plain connection) may not do, per partition, and store nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,7 +86,7 @@ async fn fast_paths_refuse_denied_produce_and_fetch_per_partition() {
         }
     }
     assert_eq!(
-        (end_of(&b, "b", 0), end_of(&b, "b", 1)),
+        (common::end_of(&b, "b", 0), common::end_of(&b, "b", 1)),
         (0, 0),
         "a denied batch was stored"
     );
@@ -99,7 +95,7 @@ async fn fast_paths_refuse_denied_produce_and_fetch_per_partition() {
         .partition_responses
         .iter()
         .all(|p| p.error_code == NONE));
-    assert_eq!(end_of(&b, "a", 0), 1);
+    assert_eq!(common::end_of(&b, "a", 0), 1);
 
     let r = c.call(11, &fetch("b")).await.unwrap();
     assert_eq!(
@@ -146,7 +142,7 @@ async fn fast_paths_refuse_denied_produce_and_fetch_per_partition() {
         r.responses[0].partition_responses[0].error_code,
         TOPIC_AUTHORIZATION_FAILED
     );
-    assert_eq!(end_of(&b, "a", 0), 1);
+    assert_eq!(common::end_of(&b, "a", 0), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,7 +157,7 @@ async fn the_slow_paths_and_list_offsets_are_checked_too() {
         r.responses[0].partition_responses[0].error_code,
         TOPIC_AUTHORIZATION_FAILED
     );
-    assert_eq!(end_of(&b, "b", 0), 0);
+    assert_eq!(common::end_of(&b, "b", 0), 0);
     let r = call(&b, &alice, 8, &produce("a", &[0])).await;
     assert_eq!(r.responses[0].partition_responses[0].error_code, NONE);
     let r = call(&b, &alice, 11, &fetch("b")).await;
@@ -602,4 +598,94 @@ async fn group_tooling_is_checked() {
     assert_eq!(r.results[0].error_code, GROUP_AUTHORIZATION_FAILED);
     let r = call(&b, &admin, 2, &del).await;
     assert_eq!(r.results[0].error_code, NONE);
+}
+
+/// Each topic's error codes in a Produce answer, in the request's order.
+fn produce_codes(r: &ProduceResponse) -> Vec<Vec<i16>> {
+    r.responses
+        .iter()
+        .map(|t| t.partition_responses.iter().map(|p| p.error_code).collect())
+        .collect()
+}
+
+/// One Produce naming every partition of a denied topic beside an allowed topic (one of whose
+/// indexes does not exist) and a topic that does not exist: each partition answers its topic's
+/// refusal (decided once per topic), the allowed partitions are stored and nothing else is, the
+/// same on the event loop's path and on the in-process one. A request refused as a whole (acks=2)
+/// still answers a topic's own refusal first, and from v13 an id no topic has is refused as
+/// such beside a denied topic named by id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_partitions_of_refused_and_mixed_topics_in_one_produce() {
+    let (addr, server) = common::serve(authorizing()).await;
+    let b = server.broker().clone();
+    assert!(b.create_topic("a", 4).await.unwrap());
+    assert!(b.create_topic("b", 64).await.unwrap());
+    grant(&b, read_write("a", "User:ANONYMOUS")).await;
+    grant(&b, read_write("a", "User:carol")).await;
+    let every_b: Vec<i32> = (0..64).collect();
+    let request = || {
+        let mut r = produce("b", &every_b);
+        for (t, parts) in [("a", &[0, 1, 2, 3, 9][..]), ("nope", &[0, 1][..])] {
+            r.topic_data.extend(produce(t, parts).topic_data);
+        }
+        r
+    };
+    let want = vec![
+        vec![TOPIC_AUTHORIZATION_FAILED; 64],
+        vec![NONE, NONE, NONE, NONE, UNKNOWN_TOPIC_OR_PARTITION],
+        vec![TOPIC_AUTHORIZATION_FAILED; 2],
+    ];
+    let mut c = Client::connect(addr, "t").await.unwrap();
+    let carol = session("carol");
+    let served = c.call(8, &request()).await.unwrap();
+    let inproc = call(&b, &carol, 8, &request()).await;
+    for (r, who) in [(&served, "User:ANONYMOUS"), (&inproc, "User:carol")] {
+        assert_eq!(produce_codes(r), want, "{who}");
+        for p in &r.responses[0].partition_responses {
+            let m = p.error_message.as_ref().expect("a message");
+            assert!(m.contains(who) && m.contains("\"b\""), "{m}");
+        }
+        let missing = &r.responses[1].partition_responses[4];
+        let m = missing.error_message.as_ref().expect("a message");
+        assert!(m.contains("a/9"), "{m}");
+    }
+    assert!(
+        every_b.iter().all(|&i| common::end_of(&b, "b", i) == 0),
+        "a denied batch was stored"
+    );
+    for i in 0..4 {
+        assert_eq!(common::end_of(&b, "a", i), 2, "partition {i} of a");
+    }
+
+    let mut refused_whole = request();
+    refused_whole.acks = 2;
+    let want = vec![
+        vec![TOPIC_AUTHORIZATION_FAILED; 64],
+        vec![INVALID_REQUIRED_ACKS; 5],
+        vec![TOPIC_AUTHORIZATION_FAILED; 2],
+    ];
+    let r = c.call(8, &refused_whole).await.unwrap();
+    assert_eq!(produce_codes(&r), want);
+    assert_eq!(
+        produce_codes(&call(&b, &carol, 8, &refused_whole).await),
+        want
+    );
+
+    let mut by_id = request();
+    by_id.topic_data.truncate(2);
+    for (t, name) in by_id.topic_data.iter_mut().zip(["b", "a"]) {
+        t.topic_id = b.topics().id(name).expect("topic id");
+        t.name = TopicName::default();
+    }
+    by_id.topic_data[1].topic_id = Uuid::from_u128(0x6e76_6d71_0000_0000_0000_0000_0000_0001);
+    let want = vec![
+        vec![TOPIC_AUTHORIZATION_FAILED; 64],
+        vec![UNKNOWN_TOPIC_ID; 5],
+    ];
+    let r = c.call(13, &by_id).await.unwrap();
+    assert_eq!(produce_codes(&r), want);
+    assert_eq!(produce_codes(&call(&b, &carol, 13, &by_id).await), want);
+    for i in 0..4 {
+        assert_eq!(common::end_of(&b, "a", i), 2, "partition {i} of a");
+    }
 }

@@ -9,6 +9,9 @@
 
 mod common;
 
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice, SimHandle};
@@ -322,38 +325,100 @@ async fn partitions_of_a_topic_deleted_before_a_crash_are_freed_at_the_next_star
     assert_eq!(b.topics().map["doomed"].len(), 2);
 }
 
+/// Polls `f` once: its output if that finished it.
+async fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match Pin::new(&mut *f).poll(cx) {
+            Poll::Ready(v) => Some(v),
+            Poll::Pending => None,
+        })
+    })
+    .await
+}
+
 /// Topics deleted and re-created while snapshots of the broker's state are being recorded (a
-/// suspect of a many_partitions flake): after a power cut the restart lists exactly what was
-/// acknowledged, each re-created topic with its new partition count. The tombstones replay to
-/// their highest incarnation and the partitions come from the log's registry, so how the
-/// snapshots' records interleave with the deletes must not matter.
+/// suspect of a many_partitions flake), then a ring that wraps past all of it: after a power cut
+/// the restart lists exactly what was acknowledged, each re-created topic with its new partition
+/// count. Every snapshot is taken in the middle of a delete (after its tombstone was queued,
+/// before the topic left the registry: its records, made from the state before the delete, land
+/// after the tombstone) or of a create (its log partitions made, the topic not yet served); and
+/// the ring wraps until its head is past every one of those records, so the restart finds them
+/// only through the log's checkpoints and the snapshots taken while it wrapped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletes_and_creates_beside_snapshots_survive_a_power_cut() {
-    let (dev, handle) = sim(29, &FormatOptions::default());
+    let (dev, handle) = common::small_ring(29);
     let b = common::reopen(dev, frontend::Config::default());
+    let log = b.log().clone();
     let names: Vec<String> = (0..24).map(topic).collect();
     for n in &names {
         assert!(b.create_topic(n, 20).await.expect("create"));
     }
-    let snapshots = {
-        let b = b.clone();
-        tokio::spawn(async move {
-            for _ in 0..40 {
-                b.snapshot().await.expect("a snapshot");
-            }
-        })
-    };
+    let checkpoints = log.stats().checkpoints;
     let mut expected = Vec::new();
     for (i, n) in names.iter().enumerate() {
-        assert!(b.delete_topic(n).await.expect("delete"));
+        let mut delete = pin!(b.delete_topic(n));
+        assert!(
+            poll_once(&mut delete).await.is_none(),
+            "the delete of {n} did not wait for its tombstone"
+        );
+        assert!(
+            b.topics().map.contains_key(n),
+            "{n} left before its snapshot"
+        );
+        b.snapshot().await.expect("a snapshot amid a delete");
+        assert!(delete.await.expect("delete"));
         if i % 3 != 0 {
-            assert!(b.create_topic(n, 3).await.expect("re-create"));
+            let mut create = pin!(b.create_topic(n, 3));
+            assert!(
+                poll_once(&mut create).await.is_none(),
+                "the create of {n} did not wait for its partitions"
+            );
+            assert!(
+                !b.topics().map.contains_key(n),
+                "{n} served before its snapshot"
+            );
+            b.snapshot().await.expect("a snapshot amid a create");
+            assert!(create.await.expect("re-create"));
             expected.push((n.clone(), 3));
         }
     }
-    snapshots.await.expect("the snapshots");
+    let changes_end = log.durable();
+    // Wrap the ring past all of that, with a snapshot every 2 MiB (a quarter of the ring or
+    // less, as the broker's own ticker takes them) so that the newest one stays retained.
+    let filler = "filler";
+    assert!(b.create_topic(filler, 1).await.expect("create"));
+    expected.push((filler.to_string(), 1));
+    let who = common::inproc::session("filler");
+    let value = vec![7u8; 100 << 10];
+    let mut records = 0;
+    let log_size = log.geometry().log_size;
+    // Until the head is past the changes and the ring has wrapped (the head may pass them
+    // before, as what they held is freed).
+    while log.shared().lock().head <= changes_end || log.durable() <= log_size {
+        assert!(
+            records < 2000,
+            "the ring did not wrap past {changes_end} in {records} records (head {}, D {})",
+            log.shared().lock().head,
+            log.durable()
+        );
+        let batch = frontend::client::record_batch(&[&value], None);
+        let r =
+            common::inproc::call(&b, &who, 7, &common::produce_request(filler, 0, batch, -1)).await;
+        assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+        records += 1;
+        if records % 20 == 0 {
+            b.snapshot().await.expect("a snapshot while the ring wraps");
+        }
+    }
+    let head = log.shared().lock().head;
+    assert!(
+        log.stats().checkpoints > checkpoints,
+        "no checkpoint after the deletes and creates"
+    );
+    println!("{records} records wrapped the ring: head {head}, past {changes_end}");
     handle.power_cut();
     drop(b);
+    drop(log);
     let b = common::reopen(handle.power_on(), frontend::Config::default());
     let topics: Vec<(String, usize)> = b
         .topics()
@@ -361,8 +426,12 @@ async fn deletes_and_creates_beside_snapshots_survive_a_power_cut() {
         .iter()
         .map(|(n, p)| (n.clone(), p.len()))
         .collect();
+    expected.sort();
     assert_eq!(topics, expected);
-    assert_eq!(b.log().partitions().len(), 2 + 3 * expected.len());
+    assert_eq!(
+        b.log().partitions().len(),
+        2 + expected.iter().map(|(_, n)| n).sum::<usize>()
+    );
 }
 
 /// Commits offset i for each partition i of topic t in one OffsetCommit of group g, each with

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use common::inproc::*;
 use frontend::client::{record_batch, Client};
 use frontend::codes::*;
-use frontend::{Broker, Config};
+use frontend::Config;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
@@ -66,11 +66,6 @@ fn outcome(r: &ProduceResponse) -> Vec<(Uuid, Vec<(i16, i64)>)> {
         .collect()
 }
 
-fn end_of(b: &Broker, t: &str, i: i32) -> u64 {
-    let p = b.topics().partition(t, i).expect("partition");
-    b.bounds(p).expect("bounds").1
-}
-
 /// Fetch v18 by id of partition 0 from offset 0; a follower's high watermark set, which a
 /// broker without followers leaves aside.
 async fn fetch_v18(c: &mut Client, id: Uuid) -> (i16, Bytes) {
@@ -109,7 +104,10 @@ async fn produce_v13_names_topics_by_id() {
         .await
         .unwrap();
     assert_eq!(outcome(&r), vec![(id, vec![(NONE, 0), (NONE, 0)])]);
-    assert_eq!((end_of(&b, "ids", 0), end_of(&b, "ids", 1)), (1, 1));
+    assert_eq!(
+        (common::end_of(&b, "ids", 0), common::end_of(&b, "ids", 1)),
+        (1, 1)
+    );
     let (code, records) = fetch_v18(&mut c, id).await;
     assert_eq!(code, NONE);
     assert!(holds(&records, b"by-id"), "the batch produced by id");
@@ -136,7 +134,10 @@ async fn produce_v13_names_topics_by_id() {
         .as_ref()
         .expect("a message");
     assert!(m.contains(&stranger.to_string()), "{m}");
-    assert_eq!((end_of(&b, "ids", 0), end_of(&b, "ids", 1)), (1, 2));
+    assert_eq!(
+        (common::end_of(&b, "ids", 0), common::end_of(&b, "ids", 1)),
+        (1, 2)
+    );
 
     // v12 still names topics by name (and answers by name).
     let mut by_name = produce_by_id(Uuid::nil(), &[0], b"v12");
@@ -156,7 +157,11 @@ async fn produce_v13_names_topics_by_id() {
         .await
         .unwrap();
     assert_eq!(outcome(&r), vec![(id, vec![(UNKNOWN_TOPIC_ID, -1)])]);
-    assert_eq!(end_of(&b, "ids", 0), 0, "a batch for the old id was stored");
+    assert_eq!(
+        common::end_of(&b, "ids", 0),
+        0,
+        "a batch for the old id was stored"
+    );
     let r = c
         .call(13, &produce_by_id(new_id, &[0], b"fresh"))
         .await
@@ -195,11 +200,11 @@ async fn produce_v13_by_id_is_checked_against_the_topic_the_id_names() {
         .as_ref()
         .expect("a message");
     assert!(m.contains("User:ANONYMOUS") && m.contains("\"b\""), "{m}");
-    assert_eq!(end_of(&b, "b", 0), 0, "a denied batch was stored");
+    assert_eq!(common::end_of(&b, "b", 0), 0, "a denied batch was stored");
 
     let r = c.call(13, &produce_by_id(ida, &[0], b"yes")).await.unwrap();
     assert_eq!(outcome(&r), vec![(ida, vec![(NONE, 0)])]);
-    assert_eq!(end_of(&b, "a", 0), 1);
+    assert_eq!(common::end_of(&b, "a", 0), 1);
 
     // An id naming no topic tells nothing of any topic's ACLs: UNKNOWN_TOPIC_ID.
     let r = c
@@ -230,7 +235,10 @@ async fn produce_v13_by_id_is_checked_against_the_topic_the_id_names() {
     )
     .await;
     assert_eq!(outcome(&r), vec![(idb, vec![(NONE, 0)])]);
-    assert_eq!((end_of(&b, "a", 0), end_of(&b, "b", 0)), (1, 1));
+    assert_eq!(
+        (common::end_of(&b, "a", 0), common::end_of(&b, "b", 0)),
+        (1, 1)
+    );
 }
 
 /// The answers to a FindCoordinator of `keys` of `key_type` at `v` (v4+: one per key).

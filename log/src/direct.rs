@@ -21,6 +21,7 @@ use std::sync::Mutex;
 use blockdev::{BlockDevice, Completion};
 
 use crate::layout::Geometry;
+use crate::read_pieces::{self, Landing};
 use crate::shared::Shared;
 use crate::LogError;
 
@@ -70,13 +71,10 @@ impl DirectReads {
         {
             // The same bounds the writer checks for a read it serves.
             let s = shared.lock();
-            if position < s.head || position + len > s.durable || len > geo.max_batch {
-                return Some(Err(LogError::OffsetOutOfRange {
-                    partition: u32::MAX,
-                    offset: position,
-                    start: s.head,
-                    end: s.durable,
-                }));
+            if let Err(e) =
+                read_pieces::check_bounds(position, len, s.head, s.durable, geo.max_batch)
+            {
+                return Some(Err(e));
             }
         }
         let mut dev = self.take()?;
@@ -97,25 +95,23 @@ fn read_on(
     position: u64,
     len: u64,
 ) -> Result<Vec<u8>, LogError> {
-    let device = |op: &'static str| move |source| LogError::Device { op, source };
     let pieces = geo.pieces(position, len, u64::from(dev.info().max_transfer));
-    let mut data = vec![0u8; len as usize];
+    let mut landing = Landing::new(len, &pieces);
     let mut out: Vec<Completion> = Vec::with_capacity(pieces.len().min(dev.queue_depth()));
     let (mut next, mut done) = (0usize, 0usize);
-    let mut failed = None;
-    while done < next || (next < pieces.len() && failed.is_none()) {
-        while failed.is_none() && next < pieces.len() && dev.in_flight() < dev.queue_depth() {
+    while done < next || (next < pieces.len() && !landing.has_failed()) {
+        while !landing.has_failed() && next < pieces.len() && dev.in_flight() < dev.queue_depth() {
             let (off, _, n) = pieces[next];
             let submitted = dev
                 .alloc_buffer(n as usize)
-                .map_err(device("allocate a read buffer"))
+                .map_err(LogError::device("allocate a read buffer"))
                 .and_then(|b| {
                     dev.submit_read(next as u64, off / geo.logical_block, b)
-                        .map_err(device("submit a read"))
+                        .map_err(LogError::device("submit a read"))
                 });
             match submitted {
                 Ok(()) => next += 1,
-                Err(e) => failed = Some(e),
+                Err(e) => landing.fail(e),
             }
         }
         if done == next {
@@ -125,37 +121,17 @@ fn read_on(
         // Polled, with interrupts off; between empty polls the thread yields its core, so
         // that readers waiting on a drive do not starve the loops and the writer of a shared
         // machine (the driver's own I/O timeout still bounds a command that never completes).
-        if dev.poll(&mut out).map_err(device("read the log"))? == 0 {
+        if dev
+            .poll(&mut out)
+            .map_err(LogError::device("read the log"))?
+            == 0
+        {
             std::thread::yield_now();
         }
         for c in out.drain(..) {
             done += 1;
-            let piece = pieces.get(c.tag as usize).copied();
-            let dst =
-                piece.and_then(|(_, from, n)| data.get_mut(from as usize..(from + n) as usize));
-            match (c.result, c.buffer, dst) {
-                (Ok(()), Some(b), Some(dst)) if b.len() == dst.len() => dst.copy_from_slice(&b),
-                (Ok(()), Some(b), _) => {
-                    failed.get_or_insert(LogError::Unavailable(format!(
-                        "a read piece (tag {}) of {} B does not fit its read",
-                        c.tag,
-                        b.len()
-                    )));
-                }
-                (Err(e), _, _) => {
-                    failed.get_or_insert(LogError::Device {
-                        op: "read the log",
-                        source: e,
-                    });
-                }
-                (Ok(()), None, _) => {
-                    failed.get_or_insert(LogError::Shutdown);
-                }
-            }
+            landing.land(c.tag as usize, c.result, c.buffer);
         }
     }
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(data),
-    }
+    landing.finish()
 }

@@ -81,18 +81,23 @@ pub struct Hosted<D: BlockDevice> {
     /// The wall clock as last read, and when: a turn reuses it for up to a millisecond (its
     /// resolution) instead of reading it again, as turns come millions of times a second.
     wall: Cell<(Instant, u64)>,
+    /// The instant the last turn read its clocks at: the spin of `run_thread` measures with it
+    /// instead of reading the clock again.
+    turned_at: Instant,
 }
 
 impl<D: BlockDevice> Hosted<D> {
     pub(crate) fn new(writer: Writer<D>, rx: Receiver<Request>, queue_capacity: usize) -> Self {
+        let start = Instant::now();
         Hosted {
             writer,
             rx,
             queue_capacity,
             closing: false,
             stopped: false,
-            start: Instant::now(),
-            wall: Cell::new((Instant::now(), mkfs::now_ms())),
+            start,
+            wall: Cell::new((start, mkfs::now_ms())),
+            turned_at: start,
         }
     }
 
@@ -149,6 +154,7 @@ impl<D: BlockDevice> Hosted<D> {
         }
         // One clock read for the turn: the step, the appends taken in it, and the wake-up.
         let (now, at) = self.clocks();
+        self.turned_at = at;
         self.writer.set_clock(at);
         let mut got = false;
         while !self.closing && self.writer.pending_len() < self.queue_capacity {
@@ -298,15 +304,18 @@ pub(crate) enum WakeBell {}
 /// otherwise it waits on the device in slices and on the queue in turn.
 pub(crate) fn run_thread<D: BlockDevice>(mut h: Hosted<D>, bell: Option<Arc<WakeBell>>) {
     let spin = h.writer.config().spin;
-    // Since when the writer has turned without progress (None: it just moved or slept).
+    // Since when the writer has turned without progress (None: it just moved or slept), by the
+    // turns' own clock readings: an idle spin reads the clock once per turn, in the turn.
     let mut idle_since: Option<Instant> = None;
     loop {
-        match h.turn() {
+        let turn = h.turn();
+        let at = h.turned_at;
+        match turn {
             Turn::Moved => idle_since = None,
             Turn::Idle { .. }
                 if !spin.is_zero()
                     && !h.closing
-                    && idle_since.get_or_insert_with(Instant::now).elapsed() < spin =>
+                    && at.saturating_duration_since(*idle_since.get_or_insert(at)) < spin =>
             {
                 // Yield, not a busy hint: a producer sharing this core (a loaded machine) then
                 // runs at once instead of after the whole spin.

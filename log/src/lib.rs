@@ -16,6 +16,7 @@ pub mod format;
 mod host;
 pub mod layout;
 pub mod mkfs;
+mod read_pieces;
 mod reader;
 pub mod scrub;
 pub mod shared;

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::clients::{
-    clients_dir, kcat, librdkafka_suite, one_at_a_time, python, scenario, scenario_quiet, tmp,
-    Server,
+    clients_dir, kcat_consume, kcat_produce, librdkafka_suite, one_at_a_time, python, scenario,
+    scenario_quiet, tmp, Server,
 };
 
 #[test]
@@ -21,44 +21,15 @@ fn kcat_produces_with_acks_all_and_consumes_by_offset() {
     let _turn = one_at_a_time();
     let s = Server::start("sim:capacity=256M,flush=500us");
     let input: String = (0..200).map(|i| format!("line-{i}\n")).collect();
-    kcat(
-        &["-P", "-b", &s.addr, "-t", "kc", "-X", "acks=all"],
-        input.as_bytes(),
-    );
-    let out = kcat(
-        &[
-            "-C",
-            "-b",
-            &s.addr,
-            "-t",
-            "kc",
-            "-p",
-            "0",
-            "-o",
-            "beginning",
-            "-e",
-            "-f",
-            "%o %s\n",
-        ],
-        b"",
-    );
+    kcat_produce(&s.addr, "kc", &[], input.as_bytes());
+    let out = kcat_consume(&s.addr, "kc", "beginning", "%o %s\n", &[]);
     let want: String = (0..200).map(|i| format!("{i} line-{i}\n")).collect();
     assert_eq!(out, want);
     // From an offset in the middle, and the last two by logical offset.
-    let out = kcat(
-        &[
-            "-C", "-b", &s.addr, "-t", "kc", "-p", "0", "-o", "150", "-e", "-f", "%o\n",
-        ],
-        b"",
-    );
+    let out = kcat_consume(&s.addr, "kc", "150", "%o\n", &[]);
     assert_eq!(out.lines().count(), 50);
     assert_eq!(out.lines().next(), Some("150"));
-    let out = kcat(
-        &[
-            "-C", "-b", &s.addr, "-t", "kc", "-p", "0", "-o", "-2", "-e", "-f", "%s\n",
-        ],
-        b"",
-    );
+    let out = kcat_consume(&s.addr, "kc", "-2", "%s\n", &[]);
     assert_eq!(out, "line-198\nline-199\n");
 }
 
@@ -121,27 +92,9 @@ fn kcat_compresses_and_its_batches_pass_the_checks() {
     let input: String = (0..300).map(|i| format!("zline-{i}\n")).collect();
     for (codec, id) in [("gzip", 1), ("snappy", 2), ("lz4", 3)] {
         let t = format!("kz-{codec}");
-        kcat(
-            &["-P", "-b", &s.addr, "-t", &t, "-z", codec, "-X", "acks=all"],
-            input.as_bytes(),
-        );
-        let out = kcat(
-            &[
-                "-C",
-                "-b",
-                &s.addr,
-                "-t",
-                &t,
-                "-p",
-                "0",
-                "-o",
-                "beginning",
-                "-e",
-                "-f",
-                "%o %s\n",
-            ],
-            b"",
-        );
+        let z = ["-z".to_string(), codec.to_string()];
+        kcat_produce(&s.addr, &t, &z, input.as_bytes());
+        let out = kcat_consume(&s.addr, &t, "beginning", "%o %s\n", &[]);
         let want: String = (0..300).map(|i| format!("{i} zline-{i}\n")).collect();
         assert_eq!(out, want, "{codec}");
         assert_eq!(

@@ -9,7 +9,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::clients::{kcat, librdkafka_suite, one_at_a_time, scenario, tmp, Server};
+use common::clients::{
+    kcat_consume, kcat_produce, kcat_settings, librdkafka_suite, one_at_a_time, scenario, tmp,
+    Server,
+};
 
 /// ACLs from confluent-kafka's AdminClient (create, describe with ANY and MATCH filters,
 /// delete) as a super user; then, on the same device restarted without super users, the ACL
@@ -39,16 +42,52 @@ mod certs;
 /// A CA, a broker certificate it signed (written as files in `dir`), and the serve flags for it.
 fn tls_files(dir: &Path) -> (certs::Ca, Vec<String>) {
     let ca = certs::Ca::new("nvmq test CA");
-    let server = ca.server(false);
-    let cert = certs::write(dir, "server.pem", &server.cert_pem);
-    let key = certs::write(dir, "server.key", &server.key_pem);
-    let flags = vec![
+    let flags = tls_flags(dir, "server", &ca.server(false));
+    (ca, flags)
+}
+
+/// Writes `cert` to `<name>.pem` and `<name>.key` in `dir`: serve's flags for it.
+fn tls_flags(dir: &Path, name: &str, cert: &certs::Leaf) -> Vec<String> {
+    let pem = certs::write(dir, &format!("{name}.pem"), &cert.cert_pem);
+    let key = certs::write(dir, &format!("{name}.key"), &cert.key_pem);
+    vec![
         "--tls-cert".to_string(),
-        cert.display().to_string(),
+        pem.display().to_string(),
         "--tls-key".to_string(),
         key.display().to_string(),
+    ]
+}
+
+/// kcat's flags to log in as `user` with SASL `mechanism`: over SASL_SSL trusting `ca` when
+/// there is one, else over SASL_PLAINTEXT.
+fn sasl_flags(mechanism: &str, user: &str, password: &str, ca: Option<&str>) -> Vec<String> {
+    let protocol = if ca.is_some() {
+        "SASL_SSL"
+    } else {
+        "SASL_PLAINTEXT"
+    };
+    let mut settings = vec![format!("security.protocol={protocol}")];
+    settings.extend(ca.map(|ca| format!("ssl.ca.location={ca}")));
+    settings.extend([
+        format!("sasl.mechanism={mechanism}"),
+        format!("sasl.username={user}"),
+        format!("sasl.password={password}"),
+    ]);
+    kcat_settings(&settings)
+}
+
+/// `nvmq serve` of `device` on an ephemeral port, taking SASL `mechanisms`, with `extra` flags.
+fn serve_sasl(device: &str, mechanisms: &str, extra: &[&str]) -> common::Serving {
+    let mut flags = vec![
+        "--device",
+        device,
+        "--listen",
+        "127.0.0.1:0",
+        "--sasl-mechanisms",
+        mechanisms,
     ];
-    (ca, flags)
+    flags.extend(extra);
+    common::serve(&flags)
 }
 
 fn strs(v: &[String]) -> Vec<&str> {
@@ -64,39 +103,17 @@ fn kcat_and_confluent_kafka_over_tls_and_an_untrusting_client_fails() {
         .display()
         .to_string();
     let s = Server::start_with("sim:capacity=256M,flush=500us", &strs(&flags));
-    let ssl = [
-        "-X",
-        "security.protocol=SSL",
-        "-X",
-        &format!("ssl.ca.location={ca_file}"),
-    ];
+    let ssl = kcat_settings(&[
+        "security.protocol=SSL".to_string(),
+        format!("ssl.ca.location={ca_file}"),
+    ]);
     let input: String = (0..100).map(|i| format!("secret-{i}\n")).collect();
-    let produce = [
-        &["-P", "-b", &s.addr, "-t", "ktls", "-X", "acks=all"][..],
-        &ssl,
-    ]
-    .concat();
-    kcat(&produce, input.as_bytes());
-    let consume = [
-        &[
-            "-C",
-            "-b",
-            &s.addr,
-            "-t",
-            "ktls",
-            "-p",
-            "0",
-            "-o",
-            "beginning",
-            "-e",
-            "-f",
-            "%o %s\n",
-        ][..],
-        &ssl,
-    ]
-    .concat();
+    kcat_produce(&s.addr, "ktls", &ssl, input.as_bytes());
     let want: String = (0..100).map(|i| format!("{i} secret-{i}\n")).collect();
-    assert_eq!(kcat(&consume, b""), want);
+    assert_eq!(
+        kcat_consume(&s.addr, "ktls", "beginning", "%o %s\n", &ssl),
+        want
+    );
 
     scenario(&s.addr, "tls", &[&ca_file]);
     let other = certs::write(&dir, "other-ca.pem", &certs::Ca::new("other CA").pem());
@@ -140,6 +157,18 @@ fn kcat_metadata_refused(addr: &str, settings: &[String]) -> String {
     said
 }
 
+/// A file device formatted in `dir` with these SASL users (user, mechanism, password) added
+/// offline.
+fn formatted_with_users(dir: &Path, users: &[(&str, &str, &str)]) -> String {
+    let dev = format!("file:{}", dir.join("log.img").display());
+    let run = common::nvmq(&["format", "--device", &dev, "--size", "256M"]);
+    assert_eq!(run.code, 0, "{run}");
+    for (user, mechanism, password) in users {
+        user_add(&dev, user, mechanism, password);
+    }
+    dev
+}
+
 /// Adds a SASL user offline with `nvmq user add`, the password on stdin.
 fn user_add(device: &str, user: &str, mechanism: &str, password: &str) {
     let mut child = common::command(&[
@@ -167,47 +196,32 @@ fn user_add(device: &str, user: &str, mechanism: &str, password: &str) {
 #[test]
 fn sasl_with_kcat_and_confluent_kafka_and_no_secret_in_the_log() {
     let _turn = one_at_a_time();
-    let dir = tmp("kafka-sasl");
-    let dev = format!("file:{}", dir.join("log.img").display());
-    let run = common::nvmq(&["format", "--device", &dev, "--size", "256M"]);
-    assert_eq!(run.code, 0, "{run}");
-    user_add(&dev, "alice", "SCRAM-SHA-512", "Alice-Secret-1");
-    user_add(&dev, "bob", "SCRAM-SHA-256", "Bob-Secret-2");
-    let s = common::serve(&[
-        "--device",
+    let dev = formatted_with_users(
+        &tmp("kafka-sasl"),
+        &[
+            ("alice", "SCRAM-SHA-512", "Alice-Secret-1"),
+            ("bob", "SCRAM-SHA-256", "Bob-Secret-2"),
+        ],
+    );
+    let s = serve_sasl(
         &dev,
-        "--listen",
-        "127.0.0.1:0",
-        "--sasl-mechanisms",
         "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
-        "--log-level",
-        "info",
-    ]);
+        &["--log-level", "info"],
+    );
     let logins = [
         ("PLAIN", "alice", "Alice-Secret-1"),
         ("SCRAM-SHA-256", "bob", "Bob-Secret-2"),
         ("SCRAM-SHA-512", "alice", "Alice-Secret-1"),
     ];
-    let x = |mech: &str, user: &str, pw: &str| {
-        [
-            "security.protocol=SASL_PLAINTEXT".to_string(),
-            format!("sasl.mechanism={mech}"),
-            format!("sasl.username={user}"),
-            format!("sasl.password={pw}"),
-        ]
-        .into_iter()
-        .flat_map(|v| ["-X".to_string(), v])
-        .collect::<Vec<String>>()
-    };
     for (mech, user, pw) in logins {
         let topic = format!("kc-{}", mech.to_lowercase());
-        let auth = x(mech, user, pw);
-        let mut p: Vec<&str> = vec!["-P", "-b", &s.kafka, "-t", &topic, "-X", "acks=all"];
-        p.extend(auth.iter().map(String::as_str));
-        kcat(&p, b"one\ntwo\nthree\n");
-        let mut c: Vec<&str> = vec!["-C", "-b", &s.kafka, "-t", &topic, "-o", "beginning", "-e"];
-        c.extend(auth.iter().map(String::as_str));
-        assert_eq!(kcat(&c, b""), "one\ntwo\nthree\n", "{mech}");
+        let auth = sasl_flags(mech, user, pw, None);
+        kcat_produce(&s.kafka, &topic, &auth, b"one\ntwo\nthree\n");
+        assert_eq!(
+            kcat_consume(&s.kafka, &topic, "beginning", "%s\n", &auth),
+            "one\ntwo\nthree\n",
+            "{mech}"
+        );
         scenario(
             &s.kafka,
             "sasl_ok",
@@ -215,7 +229,7 @@ fn sasl_with_kcat_and_confluent_kafka_and_no_secret_in_the_log() {
         );
     }
     // kcat with a wrong password: no metadata, a failed run.
-    let auth = x("SCRAM-SHA-512", "alice", "Wrong-Secret-3");
+    let auth = sasl_flags("SCRAM-SHA-512", "alice", "Wrong-Secret-3", None);
     let said = kcat_metadata_refused(&s.kafka, &auth);
     assert!(said.contains("Authentication failed"), "kcat said: {said}");
     for (mech, user, pw) in [
@@ -255,12 +269,11 @@ impl SaslSsl {
     /// In target/tmp/`name`, with these (user, password) pairs.
     fn new(name: &str, users: &[(&str, &str)]) -> SaslSsl {
         let dir = tmp(name);
-        let dev = format!("file:{}", dir.join("log.img").display());
-        let run = common::nvmq(&["format", "--device", &dev, "--size", "256M"]);
-        assert_eq!(run.code, 0, "{run}");
-        for (user, password) in users {
-            user_add(&dev, user, "SCRAM-SHA-512", password);
-        }
+        let users: Vec<(&str, &str, &str)> = users
+            .iter()
+            .map(|&(user, password)| (user, "SCRAM-SHA-512", password))
+            .collect();
+        let dev = formatted_with_users(&dir, &users);
         let (ca, tls) = tls_files(&dir);
         let ca_file = certs::write(&dir, "ca.pem", &ca.pem())
             .display()
@@ -276,17 +289,11 @@ impl SaslSsl {
 
     /// `nvmq serve` on it over TLS with SCRAM-SHA-512, and `extra` flags.
     fn serve(&self, extra: &[&str]) -> common::Serving {
-        let mut flags = vec![
-            "--device",
+        serve_sasl(
             &self.dev,
-            "--listen",
-            "127.0.0.1:0",
-            "--sasl-mechanisms",
             "SCRAM-SHA-512",
-        ];
-        flags.extend(strs(&self.tls));
-        flags.extend(extra);
-        common::serve(&flags)
+            &[strs(&self.tls), extra.to_vec()].concat(),
+        )
     }
 }
 
@@ -311,31 +318,16 @@ fn sasl_ssl_with_scram_and_acls_for_kcat_and_confluent_kafka() {
         "sasl_ssl_setup",
         &["admin", "Admin-Secret-2", ca_file],
     );
-    let auth = |pw: &str, ca: &str| -> Vec<String> {
-        [
-            "security.protocol=SASL_SSL".to_string(),
-            format!("ssl.ca.location={ca}"),
-            "sasl.mechanism=SCRAM-SHA-512".to_string(),
-            "sasl.username=alice".to_string(),
-            format!("sasl.password={pw}"),
-        ]
-        .into_iter()
-        .flat_map(|v| ["-X".to_string(), v])
-        .collect()
-    };
+    let auth = |pw: &str, ca: &str| sasl_flags("SCRAM-SHA-512", "alice", pw, Some(ca));
     scenario(
         &s.kafka,
         "sasl_ssl_denied",
         &["alice", "Alice-Secret-1", ca_file],
     );
     let ok = auth("Alice-Secret-1", ca_file);
-    let mut p: Vec<&str> = vec!["-P", "-b", &s.kafka, "-t", "a", "-X", "acks=all"];
-    p.extend(ok.iter().map(String::as_str));
-    kcat(&p, b"one\ntwo\n");
+    kcat_produce(&s.kafka, "a", &ok, b"one\ntwo\n");
     // After the scenario's 20 records (offsets 0-19).
-    let mut c: Vec<&str> = vec!["-C", "-b", &s.kafka, "-t", "a", "-o", "20", "-e"];
-    c.extend(ok.iter().map(String::as_str));
-    assert_eq!(kcat(&c, b""), "one\ntwo\n");
+    assert_eq!(kcat_consume(&s.kafka, "a", "20", "%s\n", &ok), "one\ntwo\n");
     scenario(
         &s.kafka,
         "sasl_refused",
@@ -359,22 +351,8 @@ fn sasl_ssl_with_scram_and_acls_for_kcat_and_confluent_kafka() {
     // The same broker with a certificate that expired (signed by the CA the client trusts):
     // both clients refuse it in the handshake. kcat's librdkafka reports only "certificate
     // verify failed", as for an untrusted one; kafka-python's ssl module names the reason.
-    let expired = ca.server(true);
-    let cert = certs::write(dir, "expired.pem", &expired.cert_pem);
-    let key = certs::write(dir, "expired.key", &expired.key_pem);
-    let (cert, key) = (cert.display().to_string(), key.display().to_string());
-    let s = common::serve(&[
-        "--device",
-        dev,
-        "--listen",
-        "127.0.0.1:0",
-        "--sasl-mechanisms",
-        "SCRAM-SHA-512",
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-    ]);
+    let expired = tls_flags(dir, "expired", &ca.server(true));
+    let s = serve_sasl(dev, "SCRAM-SHA-512", &strs(&expired));
     let err = kcat_metadata_refused(&s.kafka, &ok);
     assert!(
         err.contains("certificate verify failed"),

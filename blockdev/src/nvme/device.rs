@@ -115,16 +115,14 @@ pub struct NvmeDevice<H: Host = super::vfio::VfioHost> {
     pub(super) prp_lists: NonNull<u64>,
     pub(super) prp_lists_iova: u64,
     pub(super) in_flight: usize,
-    pub(super) empty_polls: u32,
+    /// Polls since the last look at the controller with commands in flight all along.
+    pub(super) busy_polls: u32,
     pub(super) epochs: Epochs,
     /// The clock reading the last `poll` made, for `wait`'s own timeout.
     pub(super) sample: Option<Instant>,
-    /// Why the device stopped, when a command timed out: `poll` and `wait` report it, submits
-    /// are refused with it.
-    pub(super) failure: Option<DeviceError>,
+    /// This pair has failed what it had in flight after the controller stopped. Why it stopped
+    /// is `Shared::failure` alone: every pair reports that same first failure.
     pub(super) stopped: bool,
-    /// Another pair stopped the controller (its reason is in `Shared::failure`).
-    pub(super) stopped_by_other: bool,
     closed: bool,
     /// The queues' and PRP lists' memory: unmapped and freed after the queues are deleted.
     io_mem: ControlArena,
@@ -421,12 +419,10 @@ impl<H: Host> NvmeDevice<H> {
             prp_lists: prp_lists.cast(),
             prp_lists_iova,
             in_flight: 0,
-            empty_polls: 0,
+            busy_polls: 0,
             epochs: Epochs::new(shared.opts.io_timeout),
             sample: None,
-            failure: None,
             stopped: false,
-            stopped_by_other: false,
             closed: false,
             io_mem: mem,
         }))

@@ -15,9 +15,11 @@ use super::status::Status;
 use super::sys::Host;
 use crate::{check_io, BlockDevice, Completion, DeviceError, DeviceInfo, IoBuffer, Op, Tag};
 
-/// Empty polls in a row between two looks at the controller: CSTS (an MMIO read) and the clock
-/// (a system call on an HPET guest), for `wait`'s timeout and the commands' ages.
-const CLOCK_EVERY: u32 = 256;
+/// Polls with commands in flight between two looks at the controller: CSTS (an MMIO read) and
+/// the clock (a system call on an HPET guest), for `wait`'s timeout and the commands' ages.
+/// Polls that reaped count too: a pair that keeps reaping completions must still see a command
+/// stuck behind them age and time out. One look per this many polls is never one per I/O.
+const LOOK_EVERY: u32 = 256;
 
 /// How long the driver waits for the controller to answer the Abort of a timed-out command.
 const ABORT_WAIT: Duration = Duration::from_secs(1);
@@ -138,18 +140,10 @@ impl<H: Host> NvmeDevice<H> {
         Ok(())
     }
 
-    /// Why a submit is refused once the device has stopped.
+    /// Why a submit is refused once the device has stopped: the first failure, whichever pair
+    /// found it.
     fn refusal(&self, op: Op, lba: u64) -> DeviceError {
-        match &self.failure {
-            Some(e) => DeviceError::Failed {
-                op,
-                lba,
-                reason: Box::new(e.clone()),
-            },
-            // Stopped by another pair: its reason.
-            None if self.stopped_by_other => self.shared.stopped_error(op, lba),
-            None => DeviceError::Stopped { op, lba },
-        }
+        self.shared.stopped_error(op, lba)
     }
 
     /// Stops the device after the controller failed (here or in another pair): disables it (so
@@ -213,13 +207,13 @@ impl<H: Host> NvmeDevice<H> {
         if self.stopped || !self.shared.stopped.load(Ordering::Acquire) {
             return 0;
         }
-        self.stopped_by_other = true;
         let shared = std::sync::Arc::clone(&self.shared);
         self.fail_all(out, None, |_, op, lba| shared.stopped_error(op, lba))
     }
 
-    /// Takes a clock reading (made after `CLOCK_EVERY` empty polls) and fails the device when
-    /// the oldest command in flight has exceeded the I/O timeout.
+    /// Takes a clock reading (made every `LOOK_EVERY` busy polls) and fails the device when the
+    /// oldest command in flight has exceeded the I/O timeout; the error is then the first
+    /// failure of the controller (this timeout, unless another pair's failure came first).
     fn check_timeout(&mut self, now: Instant, out: &mut Vec<Completion>) -> Option<DeviceError> {
         self.epochs.observe(now);
         if !self.epochs.may_have_expired(now) {
@@ -269,8 +263,17 @@ impl<H: Host> NvmeDevice<H> {
                 }
             }
         });
-        self.failure = Some(error.clone());
-        Some(error)
+        Some(self.shared.first_failure().unwrap_or(error))
+    }
+
+    /// What `poll` answers once this pair has stopped: the controller's first failure, every
+    /// time (nothing more is reaped, so a late completion is never reported); nothing after a
+    /// stop without a failure.
+    fn stopped_answer(&self) -> Result<usize, DeviceError> {
+        match self.shared.first_failure() {
+            Some(e) => Err(e),
+            None => Ok(0),
+        }
     }
 }
 
@@ -355,15 +358,14 @@ impl<H: Host> BlockDevice for NvmeDevice<H> {
         Ok(())
     }
 
-    /// After a command timed out, every call returns that [`DeviceError::CommandTimeout`] (the
-    /// call that found it also hands back every I/O in flight, failed); nothing more is reaped,
-    /// so a late completion of the command is never reported.
+    /// Once the controller failed, the call that finds it hands back every I/O in flight on
+    /// this pair, failed (and returns the [`DeviceError::CommandTimeout`] when it was this
+    /// pair's command that timed out); every later call returns the controller's first failure,
+    /// whichever pair found it, and nothing more is reaped, so a late completion of a command is
+    /// never reported.
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, DeviceError> {
-        if let Some(e) = &self.failure {
-            return Err(e.clone());
-        }
         if self.stopped {
-            return Ok(0);
+            return self.stopped_answer();
         }
         let failed = self.check_shared(out);
         if failed > 0 || self.stopped {
@@ -371,9 +373,7 @@ impl<H: Host> BlockDevice for NvmeDevice<H> {
         }
         self.io.ring_submissions(&*self.host);
         let mut delivered = 0;
-        let mut reaped = 0;
         while let Some(cqe) = self.io.pop() {
-            reaped += 1;
             let cid = usize::from(cqe.cid);
             let Some(slot) = self.slots.get(cid).copied().filter(|s| s.busy) else {
                 self.io.ring_completions(&*self.host);
@@ -410,31 +410,34 @@ impl<H: Host> BlockDevice for NvmeDevice<H> {
             }
         }
         self.io.ring_completions(&*self.host);
-        if reaped == 0 && self.in_flight > 0 {
-            self.empty_polls = self.empty_polls.wrapping_add(1);
-            // CSTS is an MMIO read, slow on real hardware, and the clock may be a system call:
-            // look only once the controller has kept us waiting a while, never per I/O.
-            if self.empty_polls.is_multiple_of(CLOCK_EVERY) {
-                delivered += self.check_fatal(out);
-                if !self.stopped {
-                    let now = self.host.now();
-                    self.sample = Some(now);
-                    if let Some(e) = self.check_timeout(now, out) {
-                        return Err(e);
-                    }
+        if self.in_flight == 0 {
+            // Nothing can be stuck: the count starts again with the next command.
+            self.busy_polls = 0;
+            return Ok(delivered);
+        }
+        self.busy_polls = self.busy_polls.wrapping_add(1);
+        // CSTS is an MMIO read, slow on real hardware, and the clock may be a system call: look
+        // every `LOOK_EVERY` polls with commands in flight, whether they reaped or not, never
+        // per I/O. Counting only empty polls in a row let a steady stream of completions hide a
+        // command that never completes.
+        if self.busy_polls.is_multiple_of(LOOK_EVERY) {
+            delivered += self.check_fatal(out);
+            if !self.stopped {
+                let now = self.host.now();
+                self.sample = Some(now);
+                if let Some(e) = self.check_timeout(now, out) {
+                    return Err(e);
                 }
             }
-        } else {
-            self.empty_polls = 0;
         }
         Ok(delivered)
     }
 
     /// Spins on `poll` until something completes or `timeout` passes; returns at once when
-    /// nothing is in flight. The clock is read by `poll` after `CLOCK_EVERY` empty polls in a row
-    /// and then every `CLOCK_EVERY`, so a wait that the controller answers promptly reads it
-    /// never (in a guest whose clocksource is HPET each read is a system call); the timeout counts
-    /// from the first read. Those readings also age the commands in flight: a command older than
+    /// nothing is in flight. The clock is read by `poll` every `LOOK_EVERY` polls with commands
+    /// in flight (counted since the pair last had none), so waits that the controller answers
+    /// promptly read it at most once per `LOOK_EVERY` polls, never per I/O (in a guest whose
+    /// clocksource is HPET each read is a system call); the timeout counts from the first read. Those readings also age the commands in flight: a command older than
     /// `NvmeOptions::io_timeout` fails the wait with [`DeviceError::CommandTimeout`].
     fn wait(&mut self, out: &mut Vec<Completion>, timeout: Duration) -> Result<usize, DeviceError> {
         let mut start = None;

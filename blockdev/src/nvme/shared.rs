@@ -40,7 +40,8 @@ pub(super) struct Shared<H: Host> {
     pub arenas: AtomicUsize,
     /// The controller was disabled after a failure: every pair fails what it has in flight.
     pub stopped: AtomicBool,
-    /// Why, for the pairs that find it stopped.
+    /// Why: the first failure, kept whatever a pair finds after it. Every pair reports it, in
+    /// `poll` and in its refusals, whichever pair found it.
     pub failure: Mutex<Option<DeviceError>>,
     pub info: DeviceInfo,
     pub details: NvmeDetails,
@@ -224,6 +225,12 @@ impl<H: Host> Shared<H> {
             let _ = a.ctrl.disable();
             a.ctrl.stop_dma();
         }
+    }
+
+    /// The first failure that stopped the controller, as it was found (the operation and LBA
+    /// of the command that failed); None before a stop, or after a stop without one (shutdown).
+    pub fn first_failure(&self) -> Option<DeviceError> {
+        lock(&self.failure).clone()
     }
 
     /// Why the controller was stopped, as an error for one I/O of a pair that found it so.

@@ -3,13 +3,13 @@
 //! On a guest whose clocksource is HPET every clock read is a system call, and the driver promises
 //! none per I/O. So a submission does not read the clock: it copies a counter, the current
 //! *epoch*, into its command slot. The epoch advances only when the driver reads the clock anyway,
-//! which it does after [`super::device`]'s `CLOCK_EVERY` empty polls in a row (the controller has
-//! kept it waiting), and then only when at least `tick` (an eighth of the timeout) has passed since
+//! which it does every `LOOK_EVERY` polls with commands in flight (`super::pair`; reaping or not),
+//! and then only when at least `tick` (an eighth of the timeout) has passed since
 //! the epoch began. A command stamped with epoch `e` was submitted before epoch `e + 1` began, and
 //! epochs are at least `tick` apart, which gives a lower bound on its age from a single remembered
 //! instant: the start of the current epoch. The bound never runs ahead of the truth, so a command
 //! is never declared timed out early; it trails the truth by at most one tick plus the time
-//! between clock reads (a command is only seen ageing while someone waits on the device).
+//! between clock reads (a command is only seen ageing while someone polls the device).
 
 use std::time::{Duration, Instant};
 

@@ -22,15 +22,20 @@ fn a_fatal_controller_stops_the_device_and_fails_what_was_in_flight() {
     assert!(dev.is_stopped());
     assert_eq!(dev.in_flight(), 0);
     assert_eq!(h.pci_command() & 0b100, 0, "bus mastering turned off");
+    // Refused with the fatal status, not merely "stopped".
     let b = dev.alloc_buffer(4096).unwrap();
-    assert!(matches!(
-        dev.submit_write(9, 0, b),
-        Err(DeviceError::Stopped { .. })
-    ));
-    assert!(matches!(
-        dev.submit_flush(9),
-        Err(DeviceError::Stopped { .. })
-    ));
+    for (r, want) in [
+        (dev.submit_write(9, 0, b), Op::Write),
+        (dev.submit_flush(9), Op::Flush),
+    ] {
+        match r {
+            Err(DeviceError::Failed { op, reason, .. }) => {
+                assert_eq!(op, want);
+                assert!(reason.to_string().contains("fatal status"), "{reason}");
+            }
+            r => panic!("a submit after the fatal status: {r:?}"),
+        }
+    }
 }
 
 #[test]

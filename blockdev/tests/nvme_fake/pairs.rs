@@ -218,3 +218,43 @@ fn the_last_pair_closed_shuts_the_controller_down() {
     assert_eq!(h.stats().shutdowns, 1);
     assert_eq!(h.live_mappings(), 0);
 }
+
+/// The pair that finds the controller's fatal status reports it as the others do: in its
+/// refusals (it used to say only that the device was stopped) and in every later poll.
+#[test]
+fn the_pair_that_finds_a_fatal_status_reports_it_like_the_others() {
+    let (mut one, h) = open_with(FakeConfig::default(), pairs_opts(2));
+    let mut two = one.queue_pair().unwrap().unwrap();
+    h.hold_completions();
+    for dev in [&mut one, &mut two] {
+        let b = dev.alloc_buffer(4096).unwrap();
+        dev.submit_write(1, 5, b).unwrap();
+        dev.poll(&mut Vec::new()).unwrap();
+    }
+    h.set_fatal();
+    let found = drain(&mut one, 1);
+    let first = found[0].result.clone().unwrap_err();
+    assert!(first.to_string().contains("fatal status"), "{first}");
+    assert_eq!(drain(&mut two, 1).len(), 1);
+    for (name, dev) in [("the finder", &mut one), ("the other", &mut two)] {
+        let b = dev.alloc_buffer(4096).unwrap();
+        let e = dev.submit_write(9, 0, b).unwrap_err();
+        match &e {
+            DeviceError::Failed { op, lba, reason } => {
+                assert_eq!((*op, *lba), (Op::Write, 0), "{name}");
+                assert!(reason.to_string().contains("fatal status"), "{name}: {e}");
+            }
+            e => panic!("{name}'s refusal: {e:?}"),
+        }
+        let polled = dev.poll(&mut Vec::new()).unwrap_err();
+        assert!(
+            polled.to_string().contains("fatal status"),
+            "{name}: {polled}"
+        );
+    }
+    assert_eq!(
+        one.poll(&mut Vec::new()),
+        two.poll(&mut Vec::new()),
+        "one failure for both"
+    );
+}

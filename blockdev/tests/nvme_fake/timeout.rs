@@ -228,3 +228,104 @@ fn an_idle_device_does_not_time_out() {
     dev.write_at(8 * 4096, &[7u8; 4096]).unwrap();
     assert!(!dev.is_stopped());
 }
+
+/// A pair that reaps a completion at every poll still ages the command stuck behind them: the
+/// clock used to be read only after empty polls in a row, so a steady stream of completions
+/// hid a hung command for ever.
+#[test]
+fn a_command_stuck_behind_a_stream_of_completions_times_out() {
+    let (mut dev, h) = open_with(FakeConfig::default(), timeout_opts(20));
+    h.stall_nth(0);
+    let stuck = filled(&mut dev, 1, 3, 4096);
+    dev.submit_write(1, 3, stuck).unwrap();
+    let mut out = Vec::new();
+    assert_eq!(dev.poll(&mut out).unwrap(), 0);
+    assert_eq!(h.stalled().len(), 1, "the write is stalled");
+    let start = std::time::Instant::now();
+    let mut flowed = 0u64;
+    let e = loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no timeout after {flowed} completions flowed past the stalled write"
+        );
+        // One read per poll, so that every poll reaps one: no poll is ever empty.
+        let b = dev.alloc_buffer(4096).unwrap();
+        dev.submit_read(100 + flowed, 8 + flowed % 32, b).unwrap();
+        out.clear();
+        match dev.poll(&mut out) {
+            Ok(n) => {
+                assert_eq!(n, 1, "after {flowed} reads, a poll reaped {n}");
+                flowed += 1;
+            }
+            Err(e) => break e,
+        }
+    };
+    match &e {
+        DeviceError::CommandTimeout {
+            op: Op::Write,
+            lba: 3,
+            waited_ms,
+            ..
+        } => assert!(*waited_ms >= 20, "waited {waited_ms} ms"),
+        e => panic!("not the stalled write's timeout: {e:?}"),
+    }
+    let stalled: Vec<&Completion> = out.iter().filter(|c| c.tag == 1).collect();
+    assert_eq!(stalled.len(), 1, "the stalled write is handed back once");
+    assert_eq!(stalled[0].result, Err(e.clone()));
+    assert!(flowed > 0);
+    assert_eq!(dev.in_flight(), 0);
+}
+
+/// The first failure is what every pair reports, the pair that found it included: in `poll`,
+/// in the I/Os it fails, and in its refusals, with the operation and block of the command that
+/// failed.
+#[test]
+fn every_pair_reports_the_timeout_of_the_command_that_failed() {
+    let opts = NvmeOptions {
+        queue_pairs: 2,
+        ..timeout_opts(20)
+    };
+    let (mut one, h) = open_with(FakeConfig::default(), opts);
+    let mut two = one.queue_pair().unwrap().expect("a second pair");
+    h.hold_completions();
+    let b = filled(&mut two, 2, 40, 4096);
+    two.submit_write(7, 40, b).unwrap();
+    assert_eq!(two.poll(&mut Vec::new()).unwrap(), 0);
+    h.stall_nth(0);
+    let b = filled(&mut one, 1, 9, 4096);
+    one.submit_write(1, 9, b).unwrap();
+    let mut out = Vec::new();
+    let e = wait_for_failure(&mut one, &mut out);
+    assert!(
+        matches!(
+            e,
+            DeviceError::CommandTimeout {
+                op: Op::Write,
+                lba: 9,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // The other pair fails what it had in flight with that reason, then reports it.
+    let mut failed = Vec::new();
+    assert_eq!(two.poll(&mut failed), Ok(1));
+    match &failed[0].result {
+        Err(DeviceError::Failed { op, lba, reason }) => {
+            assert_eq!((*op, *lba), (Op::Write, 40));
+            assert_eq!(**reason, e);
+        }
+        r => panic!("the other pair's write: {r:?}"),
+    }
+    for dev in [&mut one, &mut two] {
+        assert_eq!(dev.poll(&mut Vec::new()), Err(e.clone()));
+        let c = dev.alloc_buffer(4096).unwrap();
+        match dev.submit_write(3, 12, c) {
+            Err(DeviceError::Failed { op, lba, reason }) => {
+                assert_eq!((op, lba), (Op::Write, 12));
+                assert_eq!(*reason, e);
+            }
+            r => panic!("a submit after the timeout: {r:?}"),
+        }
+    }
+}

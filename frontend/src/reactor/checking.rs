@@ -20,11 +20,11 @@ use super::checker::{Checked, Group, Job};
 use super::conn::{ConnRef, Slot};
 use super::limits::Charge;
 use super::service::LoopCtx;
-use crate::acl::{self, Operation};
 use crate::batch::{self, BatchFault, BatchInfo};
 use crate::codes;
 use crate::conn::{Ctx, Outcome};
 use crate::part::PartRef;
+use crate::produce::TopicGate;
 use crate::records::{self, Checks};
 
 /// A Produce request checked as far as the loop checks it.
@@ -110,38 +110,20 @@ pub(crate) fn prepare(lp: &LoopCtx, c: &Ctx, body: Bytes) -> Result<(Prepared, V
     };
     let b = &lp.broker;
     let acks = req.acks;
+    let refused = crate::produce::request_refusal(&req);
     let checks = crate::produce::checks(&b.cfg, c.version);
     let mut groups = Vec::new();
     let mut topics = Vec::with_capacity(req.topic_data.len());
     for mut t in req.topic_data {
+        let gate = TopicGate::decide(b, c, refused.as_ref(), &mut t);
         let mut parts = Vec::with_capacity(t.partition_data.len());
-        let unknown = crate::produce::name_topic(b, c.version, &mut t);
-        let allowed =
-            unknown.is_some() || acl::check::topic(b, c, Operation::Write, t.name.as_str());
-        for p in t.partition_data {
-            let pid = b.topics().partition(t.name.as_str(), p.index);
-            let state = if let Some((code, what)) = &unknown {
-                PartState::Refused(*code, what.clone())
-            } else if !allowed {
-                PartState::Refused(
-                    codes::TOPIC_AUTHORIZATION_FAILED,
-                    crate::produce::denied(c, t.name.as_str()),
-                )
-            } else if req.transactional_id.is_some() {
-                PartState::Refused(
-                    codes::INVALID_REQUEST,
-                    "transactions are not supported".into(),
-                )
-            } else if !matches!(acks, -1..=1) {
-                PartState::Refused(codes::INVALID_REQUIRED_ACKS, format!("acks={acks}"))
-            } else if let Some(pid) = pid {
-                let records = p.records.unwrap_or_default();
-                check_partition(pid, &records, &checks, &mut groups)
-            } else {
-                PartState::Refused(
-                    codes::UNKNOWN_TOPIC_OR_PARTITION,
-                    format!("{}/{} does not exist", t.name.as_str(), p.index),
-                )
+        for (i, p) in t.partition_data.into_iter().enumerate() {
+            let state = match gate.partition(i, t.name.as_str(), p.index) {
+                Err((code, what)) => PartState::Refused(code, what),
+                Ok(pid) => {
+                    let records = p.records.unwrap_or_default();
+                    check_partition(pid, &records, &checks, &mut groups)
+                }
             };
             parts.push(PartPrep {
                 index: p.index,

@@ -171,6 +171,12 @@ pub fn internal_start(b: &Broker, name: &str) -> u64 {
         .expect("internal partition")
 }
 
+/// The durable end (next offset) of partition `i` of topic `t`.
+pub fn end_of(b: &Broker, t: &str, i: i32) -> u64 {
+    let p = b.topics().partition(t, i).expect("partition");
+    b.bounds(p).expect("bounds").1
+}
+
 /// A broker over a device as it comes back after a power cut.
 pub fn reopen(dev: SimDevice, cfg: Config) -> Arc<Broker> {
     let lc = LogConfig::default();

@@ -216,12 +216,10 @@ pub(super) struct Unexpired {
 }
 
 struct ReadJob {
-    /// The bytes read so far, and where each piece's bytes go in them (by piece index).
-    data: Vec<u8>,
-    starts: Vec<usize>,
+    /// The bytes read so far, placed by piece index.
+    landing: crate::read_pieces::Landing,
     left: u32,
     reply: Option<ReadFn>,
-    failed: Option<LogError>,
 }
 
 /// The group-commit writer's state machine. See the module docs.

@@ -1,6 +1,7 @@
 //! Raw log reads for readers, through the writer that owns the device.
 
 use super::*;
+use crate::read_pieces::{check_bounds, out_of_range, Landing};
 
 /// Low bits of a read's tag that name its piece; the bits above name the read.
 const READ_PIECE_BITS: u32 = 16;
@@ -32,14 +33,9 @@ impl<D: BlockDevice> Writer<D> {
     }
 
     pub(super) fn start_read(&mut self, position: u64, len: u64, reply: ReadFn) {
-        let head = self.head();
-        if position < head || position + len > self.durable || len > self.geo.max_batch {
-            reply(Err(LogError::OffsetOutOfRange {
-                partition: u32::MAX,
-                offset: position,
-                start: head,
-                end: self.durable,
-            }));
+        let bounds = check_bounds(position, len, self.head(), self.durable, self.geo.max_batch);
+        if let Err(e) = bounds {
+            reply(Err(e));
             return;
         }
         // Cut like a batch write: at the ring's end and to the device's maximum transfer.
@@ -71,52 +67,41 @@ impl<D: BlockDevice> Writer<D> {
     fn submit_read(&mut self, position: u64, len: u64, reply: ReadFn) {
         let head = self.head();
         if position < head {
-            reply(Err(LogError::OffsetOutOfRange {
-                partition: u32::MAX,
-                offset: position,
-                start: head,
-                end: self.durable,
-            }));
+            reply(Err(out_of_range(position, head, self.durable)));
             return;
         }
         let pieces = self.geo.pieces(position, len, self.io.max_io);
         let key = read_key(self.bump_tag());
         let mut job = ReadJob {
-            data: vec![0; len as usize],
-            starts: pieces.iter().map(|&(_, from, _)| from as usize).collect(),
+            landing: Landing::new(len, &pieces),
             left: 0,
             reply: Some(reply),
-            failed: None,
         };
         for (i, &(off, _, n)) in pieces.iter().enumerate() {
-            let buf = match self.dev.alloc_buffer(n as usize) {
-                Ok(b) => b,
-                Err(e) => {
-                    job.failed = Some(LogError::Device {
-                        op: "allocate a read buffer",
-                        source: e,
-                    });
-                    break;
-                }
-            };
             let tag = TAG_READ | (key << READ_PIECE_BITS) | i as u64;
-            match self.dev.submit_read(tag, off / self.geo.logical_block, buf) {
-                Ok(()) => {
-                    job.left += 1;
-                    self.read_ios += 1;
-                }
-                Err(e) => {
-                    job.failed = Some(LogError::Device {
-                        op: "submit a read",
-                        source: e,
-                    });
-                    break;
-                }
+            let submitted = self
+                .dev
+                .alloc_buffer(n as usize)
+                .map_err(LogError::device("allocate a read buffer"))
+                .and_then(|buf| {
+                    self.dev
+                        .submit_read(tag, off / self.geo.logical_block, buf)
+                        .map_err(LogError::device("submit a read"))
+                });
+            if let Err(e) = submitted {
+                job.landing.fail(e);
+                break;
             }
+            job.left += 1;
+            self.read_ios += 1;
         }
         if job.left == 0 {
             if let Some(r) = job.reply.take() {
-                r(Err(job.failed.unwrap_or(LogError::Shutdown)));
+                r(Err(job
+                    .landing
+                    .finish()
+                    .err()
+                    .unwrap_or(LogError::Shutdown)));
             }
             return;
         }
@@ -131,38 +116,14 @@ impl<D: BlockDevice> Writer<D> {
             return;
         };
         job.left -= 1;
-        match (c.result, c.buffer) {
-            (Ok(()), Some(b)) => {
-                let at = job.starts.get(piece).copied();
-                match at.and_then(|at| job.data.get_mut(at..at + b.len())) {
-                    Some(dst) => dst.copy_from_slice(&b),
-                    None => {
-                        job.failed = Some(LogError::Unavailable(format!(
-                            "a read piece {piece} of {} B does not fit its read",
-                            b.len()
-                        )))
-                    }
-                }
-            }
-            (Err(e), _) => {
-                job.failed = Some(LogError::Device {
-                    op: "read the log",
-                    source: e,
-                })
-            }
-            (Ok(()), None) => job.failed = Some(LogError::Shutdown),
-        }
+        job.landing.land(piece, c.result, c.buffer);
         if job.left > 0 {
             return;
         }
-        if let Some(mut job) = self.reads.remove(&key) {
-            let result = match job.failed.take() {
-                Some(e) => Err(e),
-                None => Ok(std::mem::take(&mut job.data)),
-            };
+        if let Some(job) = self.reads.remove(&key) {
             self.shared.lock().stats.reads += 1;
-            if let Some(r) = job.reply.take() {
-                r(result);
+            if let Some(r) = job.reply {
+                r(job.landing.finish());
             }
         }
     }

@@ -169,6 +169,37 @@ pub fn kcat(args: &[&str], input: &[u8]) -> String {
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
+/// kcat's `-X` flags for these librdkafka settings (`key=value`).
+pub fn kcat_settings<S: AsRef<str>>(settings: &[S]) -> Vec<String> {
+    settings
+        .iter()
+        .flat_map(|s| ["-X".to_string(), s.as_ref().to_string()])
+        .collect()
+}
+
+/// kcat produces `input` (a message per line) to `topic` with acks=all, with `extra` flags.
+pub fn kcat_produce(addr: &str, topic: &str, extra: &[String], input: &[u8]) {
+    let mut args = vec!["-P", "-b", addr, "-t", topic, "-X", "acks=all"];
+    args.extend(extra.iter().map(String::as_str));
+    kcat(&args, input);
+}
+
+/// What kcat consumes of partition 0 of `topic` from `offset` (`beginning`, an offset, or `-n`
+/// for the last n) to its end, each message printed with `format`, with `extra` flags.
+pub fn kcat_consume(
+    addr: &str,
+    topic: &str,
+    offset: &str,
+    format: &str,
+    extra: &[String],
+) -> String {
+    let mut args = vec![
+        "-C", "-b", addr, "-t", topic, "-p", "0", "-o", offset, "-e", "-f", format,
+    ];
+    args.extend(extra.iter().map(String::as_str));
+    kcat(&args, b"")
+}
+
 /// Runs `tests/clients/librdkafka.sh` (which builds librdkafka's test suite once under
 /// target/tmp) against the broker at `addr`, with the script's `args` (`--broker KIND`, `--conf
 /// key=value`); every test it picks must pass.
