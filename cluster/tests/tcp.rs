@@ -477,3 +477,54 @@ async fn a_node_behind_the_purge_point_catches_up_from_a_chunked_snapshot() -> R
     cluster.check_agree(&acked, &attempted).await?;
     cluster.stop().await
 }
+
+/// A peer that answers the hello as node `id` and then reads requests without answering any.
+async fn black_hole(id: u64) -> Result<SocketAddr, String> {
+    let listener = tokio::net::TcpListener::bind(loopback())
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Ok(Some(hello)) = wire::read_frame(&mut sock).await {
+                    if let Ok(ack) = wire::encode(hello.id, 0, &Message::HelloAck(id)) {
+                        let _ = sock.write_all(&ack).await;
+                    }
+                }
+                while let Ok(Some(_)) = wire::read_frame(&mut sock).await {}
+            });
+        }
+    });
+    Ok(addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_answers_times_out_within_the_rpc_deadline() -> Result<(), String> {
+    let me = listen(41).await?;
+    let addr = black_hole(42).await?;
+    me.set_peer(
+        42,
+        nvmq_cluster::net::Peer {
+            internal: addr.to_string(),
+            kafka: String::new(),
+        },
+    );
+    let mut client = client_of(&me, 42, String::new()).await;
+    let ttl = Duration::from_millis(200);
+    for attempt in 0..2 {
+        let answer =
+            tokio::time::timeout(PATIENCE, client.vote(vote_request(), RPCOption::new(ttl)))
+                .await
+                .map_err(|_| format!("attempt {attempt}: the call outlived its deadline"))?;
+        match answer {
+            Err(RPCError::Timeout(t)) if t.timeout == ttl && t.target == 42 && t.id == 41 => {}
+            other => {
+                return Err(format!(
+                    "attempt {attempt}: answered {other:?}, not a timeout"
+                ))
+            }
+        }
+    }
+    me.stop().await.map_err(|e| e.to_string())
+}
