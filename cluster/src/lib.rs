@@ -7,6 +7,7 @@
 
 mod error;
 mod log_store;
+pub mod net;
 pub mod record;
 pub mod replay;
 mod state_machine;
