@@ -33,10 +33,11 @@ const SEEDS: &[u64] = &[1, 2];
 /// Seeds that once failed, run on every test run too. None has yet.
 const FAILED_ONCE: &[u64] = &[];
 
-fn seeds() -> Vec<u64> {
+/// The seeds to run, and whether this is the default run (not a replay of one seed).
+fn seeds() -> (Vec<u64>, bool) {
     match std::env::var(SEED_VAR).ok().and_then(|s| s.parse().ok()) {
-        Some(s) => vec![s],
-        None => SEEDS.iter().chain(FAILED_ONCE).copied().collect(),
+        Some(s) => (vec![s], false),
+        None => (SEEDS.iter().chain(FAILED_ONCE).copied().collect(), true),
     }
 }
 
@@ -57,10 +58,12 @@ fn entry(term: u64, index: u64) -> Entry {
     }
 }
 
-/// Batches of 16 KiB: a checkpoint of a few live entries is several batches.
+/// Batches of 16 KiB, and an in-flight window of one batch: a checkpoint of a few live entries
+/// is several batches, each durable before the next is written, so a cut once some of its
+/// records are durable lands inside it.
 fn format() -> FormatOptions {
     FormatOptions {
-        window: 64 << 10,
+        window: 16 << 10,
         max_batch: 16 << 10,
         log_size: None,
         format_id: None,
@@ -257,7 +260,9 @@ async fn run(op: &Op, ls: &mut LogStore, sm: &mut StateMachine) -> io::Result<()
 enum Cut {
     /// Once it completed.
     Completed,
-    /// Right after it submitted its writes (its first poll).
+    /// Shortly after it submitted its writes (its first poll): 100 us of real time, long
+    /// enough for the writer to have written some of them, usually not to have flushed them
+    /// (the sim's flush takes 200 us), so that the cut decides their fate.
     Submitted,
     /// A checkpoint, once this many of its records are durable.
     Inside(usize),
@@ -270,7 +275,7 @@ fn cuts(script: &[Op]) -> Vec<(usize, Cut)> {
         cuts.push((step, Cut::Completed));
         cuts.push((step, Cut::Submitted));
         if let Op::Checkpoint = op {
-            cuts.extend([1, 3, 5].map(|k| (step, Cut::Inside(k))));
+            cuts.extend((1..=5).map(|k| (step, Cut::Inside(k))));
         }
     }
     cuts
@@ -312,14 +317,20 @@ async fn run_until_cut(node: &Node, ops: &[Op], at: (usize, Cut)) -> Result<Run,
     };
     for (step, op) in ops.iter().enumerate() {
         if step == at.0 && at.1 != Cut::Completed {
+            // A checkpoint writes the snapshot, the state and every live entry (its layout in
+            // `GroupLog::checkpoint`): used only to pick the cut and to tell whether a cut
+            // landed inside, never for what the store must hold.
             let before = records(node);
-            let held = model(&r.steps);
-            let len = u64::from(held.snapshot.is_some()) + 1 + held.entries.len() as u64;
+            let now = model(&r.steps);
+            let len = u64::from(now.snapshot.is_some()) + 1 + now.entries.len() as u64;
             r.steps.extend(steps(op));
             let mut fut = Box::pin(run(op, &mut ls, &mut sm));
             if let Poll::Ready(res) = futures::poll!(&mut fut) {
                 res.map_err(|e| format!("step {step}: {e}"))?;
                 r.promised = promised_after(op, &r);
+            }
+            if at.1 == Cut::Submitted {
+                std::thread::sleep(std::time::Duration::from_micros(100));
             }
             if let Cut::Inside(k) = at.1 {
                 let pid = node.log.partition_id(RAFT_TOPIC, GROUP).ok_or("no group")?;
@@ -421,11 +432,12 @@ async fn cut_and_check(seed: u64, at: (usize, Cut)) -> Result<Outcome, String> {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn every_step_survives_a_cut_after_it_completed_right_after_it_was_submitted_and_inside_a_checkpoint(
+async fn every_step_survives_a_cut_after_it_completed_soon_after_it_was_submitted_and_inside_a_checkpoint(
 ) {
     let script = script();
     let (mut lost, mut kept_unpromised, mut inside) = (0, 0, 0);
-    for seed in seeds() {
+    let (seeds, default_run) = seeds();
+    for seed in seeds {
         for (case, at) in cuts(&script).into_iter().enumerate() {
             let device_seed = seed.wrapping_mul(1000).wrapping_add(case as u64);
             match cut_and_check(device_seed, at).await {
@@ -440,7 +452,12 @@ async fn every_step_survives_a_cut_after_it_completed_right_after_it_was_submitt
     }
     // The cuts must have bitten: some lost writes still in the cache, some kept writes that
     // had landed before their flush, some landed inside a checkpoint; otherwise this test
-    // proves nothing about cuts.
+    // proves nothing about cuts. Where a cut lands depends on the writer thread's timing, so
+    // this is asked of the default run's cuts together, not of one replayed seed's.
+    if !default_run {
+        return;
+    }
+    eprintln!("cuts: {lost} lost writes, {kept_unpromised} kept unflushed ones, {inside} landed inside a checkpoint");
     assert!(lost > 0, "no cut lost an unflushed write");
     assert!(kept_unpromised > 0, "no cut kept an unflushed write");
     assert!(inside > 0, "no cut landed inside a checkpoint");
