@@ -80,6 +80,21 @@ pub enum ClusterError {
     },
     #[error("raft group {group}: {op}: the log writer stopped before answering")]
     NoAnswer { group: u32, op: &'static str },
+    /// The log failed under the group (a write or flush error, a stopped writer, a write it
+    /// never answered). Records are applied in memory before they are durable, so the memory
+    /// may hold what the device does not: every later operation is refused until the group is
+    /// reopened from its device.
+    #[error(
+        "raft group {group}: {op}: refused, the group stopped when its log failed during \
+         {failed_op} ({why}); what it holds in memory may not be on the device: reopen it from \
+         the device"
+    )]
+    Stopped {
+        group: u32,
+        op: &'static str,
+        failed_op: &'static str,
+        why: String,
+    },
 }
 
 impl From<ClusterError> for std::io::Error {

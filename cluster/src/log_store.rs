@@ -1,16 +1,20 @@
 //! openraft's `RaftLogStorage` and `RaftLogReader` over a group's records (storage.md §8).
+//!
+//! Every call, reads included, is refused with `ClusterError::Stopped` once the log failed
+//! under the group: the memory may then hold records the device does not, and openraft takes
+//! the error as fatal and stops the node.
 
 use std::fmt::Debug;
 use std::io;
 use std::ops::RangeBounds;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 
+use crate::error::ClusterError;
 use crate::record::RaftRecord;
-use crate::replay::GroupState;
-use crate::store::GroupLog;
+use crate::store::{GroupLog, Shared};
 use crate::types::{Entry, LogId, TypeConfig, Vote};
 
 /// The log half of a group's storage: what RaftCore writes through.
@@ -21,7 +25,7 @@ pub struct LogStore {
 /// A reader of a group's entries and vote; sees every entry as soon as `append` returns.
 #[derive(Clone)]
 pub struct LogReader {
-    state: Arc<Mutex<GroupState>>,
+    shared: Arc<Shared>,
 }
 
 impl LogStore {
@@ -35,9 +39,14 @@ impl LogStore {
     }
 }
 
-fn read_entries(state: &Mutex<GroupState>, range: impl RangeBounds<u64>) -> Vec<Entry> {
-    let st = state.lock().unwrap_or_else(|p| p.into_inner());
-    st.entries.range(range).map(|(_, e)| e.clone()).collect()
+/// The one read path of both the store and its readers.
+fn read_entries(shared: &Shared, range: impl RangeBounds<u64>) -> Result<Vec<Entry>, io::Error> {
+    let st = shared.state("read entries")?;
+    Ok(st.entries.range(range).map(|(_, e)| e.clone()).collect())
+}
+
+fn read_vote(shared: &Shared) -> Result<Option<Vote>, io::Error> {
+    Ok(shared.state("read vote")?.vote)
 }
 
 impl RaftLogReader<TypeConfig> for LogReader {
@@ -45,11 +54,11 @@ impl RaftLogReader<TypeConfig> for LogReader {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
-        Ok(read_entries(&self.state, range))
+        read_entries(&self.shared, range)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
-        Ok(self.state.lock().unwrap_or_else(|p| p.into_inner()).vote)
+        read_vote(&self.shared)
     }
 }
 
@@ -58,19 +67,29 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
-        Ok(read_entries(&self.group.shared_state(), range))
+        read_entries(&self.group.shared(), range)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
-        Ok(self.group.state().vote)
+        read_vote(&self.group.shared())
     }
+}
+
+/// The ack that completes an append's `callback`: a log failure is reported as the group's.
+fn completion(group: u32, op: &'static str, callback: IOFlushed<TypeConfig>) -> nvmq_log::AckFn {
+    Box::new(move |r| {
+        let r = r
+            .map(|_| ())
+            .map_err(|source| ClusterError::Log { group, op, source });
+        callback.io_completed(r.map_err(io::Error::from));
+    })
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogReader;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
-        let st = self.group.state();
+        let st = self.group.state("get log state")?;
         Ok(LogState {
             last_purged_log_id: st.purged,
             last_log_id: st.last_log_id(),
@@ -79,7 +98,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_reader(&mut self) -> LogReader {
         LogReader {
-            state: self.group.shared_state(),
+            shared: self.group.shared(),
         }
     }
 
@@ -103,7 +122,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
-        Ok(self.group.state().committed)
+        Ok(self.group.state("read committed")?.committed)
     }
 
     /// Entries are readable when this returns; `callback` fires from the log writer once the
@@ -122,25 +141,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if entries.peek().is_none() {
             // Nothing to store, but the completion must still mean "everything before is
             // durable": a barrier record's ack says exactly that.
-            let done = Box::new(move |r: Result<_, _>| {
-                callback.io_completed(r.map(|_| ()).map_err(io::Error::other))
-            });
-            return Ok(self
-                .group
-                .write(RaftRecord::Barrier, "append (empty)", done)?);
+            let op = "append (empty)";
+            let done = completion(self.group.group(), op, callback);
+            return Ok(self.group.write(RaftRecord::Barrier, op, done)?);
         }
         let mut callback = Some(callback);
         while let Some(e) = entries.next() {
-            let ack: nvmq_log::AckFn = match entries.peek() {
-                Some(_) => Box::new(|_| {}),
-                None => {
-                    let cb = callback.take();
-                    Box::new(move |r| {
-                        if let Some(cb) = cb {
-                            cb.io_completed(r.map(|_| ()).map_err(io::Error::other));
-                        }
-                    })
-                }
+            // Only the last entry's ack completes the callback: the log acks in order.
+            let last = entries.peek().is_none();
+            let ack = match callback.take_if(|_| last) {
+                Some(cb) => completion(self.group.group(), "append", cb),
+                None => Box::new(|_| {}),
             };
             self.group.write(RaftRecord::Entry(e), "append", ack)?;
         }

@@ -1,5 +1,6 @@
 //! The group's state machine: the applied requests by index. A stand-in for the partition a
 //! group will carry; its snapshots are records of the group's partition, durable before use.
+//! Like the log store, it refuses every call once the log failed under the group.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -11,7 +12,7 @@ use openraft::{EntryPayload, RaftSnapshotBuilder};
 
 use crate::error::ClusterError;
 use crate::record::RaftRecord;
-use crate::store::GroupLog;
+use crate::store::{lock, GroupLog};
 use crate::types::{LogId, Response, SnapshotMeta, StoredMembership, TypeConfig};
 
 type Snapshot = openraft::alias::SnapshotOf<TypeConfig, Vec<u8>>;
@@ -45,7 +46,7 @@ impl StateMachine {
     /// Starts from the newest durable snapshot (or empty); openraft re-applies the committed
     /// entries after it.
     pub(crate) fn open(group: GroupLog) -> Result<StateMachine, ClusterError> {
-        let snapshot = group.state().snapshot.clone();
+        let snapshot = group.state("open the state machine")?.snapshot.clone();
         let applied = match snapshot {
             None => Applied::default(),
             Some((meta, data)) => Applied {
@@ -60,13 +61,15 @@ impl StateMachine {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Applied> {
-        self.applied.lock().unwrap_or_else(|p| p.into_inner())
+    /// The applied state for `op`, unless the log failed under the group.
+    fn lock(&self, op: &'static str) -> Result<MutexGuard<'_, Applied>, ClusterError> {
+        self.group.healthy(op)?;
+        Ok(lock(&self.applied))
     }
 
     /// What has been applied so far (a copy).
-    pub fn applied(&self) -> Applied {
-        self.lock().clone()
+    pub fn applied(&self) -> Result<Applied, ClusterError> {
+        Ok(self.lock("read the applied state")?.clone())
     }
 }
 
@@ -77,7 +80,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     /// entries it covers as soon as it has it.
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let (meta, data) = {
-            let a = self.lock();
+            let a = self.lock("build snapshot")?;
             let pairs: Vec<(&u64, &Vec<u8>)> = a.data.iter().collect();
             let data = serde_json::to_vec(&pairs).map_err(io::Error::other)?;
             let meta = SnapshotMeta {
@@ -104,7 +107,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = StateMachine;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
-        let a = self.lock();
+        let a = self.lock("read the applied state")?;
         Ok((a.last, a.membership.clone()))
     }
 
@@ -116,7 +119,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let (entry, responder) = item?;
             let index = entry.log_id.index;
             {
-                let mut a = self.lock();
+                let mut a = self.lock("apply")?;
                 a.last = Some(entry.log_id);
                 match entry.payload {
                     EntryPayload::Blank => {}
@@ -150,7 +153,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.group
             .write_durable(RaftRecord::Snapshot(meta.clone(), data), "install snapshot")
             .await?;
-        *self.lock() = Applied {
+        *self.lock("install snapshot")? = Applied {
             last: meta.last_log_id,
             membership: meta.last_membership.clone(),
             data: decoded,
@@ -159,7 +162,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
-        let snap = self.group.state().snapshot.clone();
+        let snap = self.group.state("get current snapshot")?.snapshot.clone();
         Ok(snap.map(|(meta, data)| Snapshot {
             meta,
             snapshot: data,

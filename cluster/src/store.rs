@@ -1,8 +1,8 @@
 //! A group's handle on the log: writes its records in order and replays them at open.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use nvmq_log::{AckFn, FlushMode, Log, LogError};
+use nvmq_log::{AckFn, Appended, FlushMode, Log, LogError};
 use tokio::sync::oneshot;
 
 use crate::error::ClusterError;
@@ -17,6 +17,96 @@ pub const RAFT_TOPIC: &str = "__nvmq_raft";
 /// Payload bytes read per call while replaying.
 const REPLAY_READ: usize = 1 << 20;
 
+/// Locks `m`, taking over the value a panicking holder left: every holder in this crate
+/// changes its value only in steps that cannot stop halfway (`GroupState::apply`, a whole
+/// `Applied` replaced or one field set), so the value is still one the records built.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a group's log store, readers and state machine share: the state its records built,
+/// and the first failure of the log under it.
+pub(crate) struct Shared {
+    group: u32,
+    state: Mutex<GroupState>,
+    /// The operation whose write failed, and why. Records are applied in memory before they
+    /// are durable, so after a failure the memory may hold what the device never will: from
+    /// then on every operation is refused. Outside the state's lock because the writer thread
+    /// sets it from an ack, while a writer of the group may hold that lock waiting for room in
+    /// the log's queue.
+    failed: OnceLock<(&'static str, String)>,
+}
+
+impl Shared {
+    /// The group's state for `op`, unless the log failed under the group.
+    pub(crate) fn state(
+        &self,
+        op: &'static str,
+    ) -> Result<MutexGuard<'_, GroupState>, ClusterError> {
+        let st = lock(&self.state);
+        self.healthy(op)?;
+        Ok(st)
+    }
+
+    /// Refuses `op` once the log failed under the group.
+    pub(crate) fn healthy(&self, op: &'static str) -> Result<(), ClusterError> {
+        match self.failed.get() {
+            None => Ok(()),
+            Some((failed_op, why)) => Err(ClusterError::Stopped {
+                group: self.group,
+                op,
+                failed_op,
+                why: why.clone(),
+            }),
+        }
+    }
+
+    /// Records the first failure; later ones add nothing (the group is stopped already).
+    fn fail(&self, op: &'static str, why: String) {
+        if self.failed.set((op, why.clone())).is_ok() {
+            tracing::error!(group = self.group, op, error = %why,
+                "raft group stopped: its log failed, every later operation is refused");
+        }
+    }
+}
+
+/// An ack that stops the group if the log answers its write with an error, or drops it
+/// without an answer (then nothing says whether the write is durable).
+struct Watched {
+    shared: Arc<Shared>,
+    op: &'static str,
+    ack: Option<AckFn>,
+}
+
+impl Watched {
+    fn boxed(shared: Arc<Shared>, op: &'static str, ack: AckFn) -> AckFn {
+        let mut w = Watched {
+            shared,
+            op,
+            ack: Some(ack),
+        };
+        Box::new(move |r: Result<Appended, LogError>| {
+            if let Err(e) = &r {
+                w.shared.fail(w.op, e.to_string());
+            }
+            if let Some(ack) = w.ack.take() {
+                ack(r);
+            }
+        })
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if self.ack.is_some() {
+            self.shared.fail(
+                self.op,
+                "the log dropped the write without answering".into(),
+            );
+        }
+    }
+}
+
 /// One group's records in the log, and the state they build, shared by its log store, its
 /// readers and its state machine.
 #[derive(Clone)]
@@ -24,7 +114,7 @@ pub struct GroupLog {
     log: Arc<Log>,
     group: u32,
     partition: u32,
-    state: Arc<Mutex<GroupState>>,
+    shared: Arc<Shared>,
 }
 
 impl GroupLog {
@@ -32,14 +122,21 @@ impl GroupLog {
         self.group
     }
 
-    pub(crate) fn state(&self) -> MutexGuard<'_, GroupState> {
-        // A poisoned lock means a panic while it was held; the state is still what the records
-        // built, as `apply` does not panic between its steps.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    /// The group's state for `op`; refused once the log failed under the group.
+    pub(crate) fn state(
+        &self,
+        op: &'static str,
+    ) -> Result<MutexGuard<'_, GroupState>, ClusterError> {
+        self.shared.state(op)
     }
 
-    pub(crate) fn shared_state(&self) -> Arc<Mutex<GroupState>> {
-        self.state.clone()
+    /// Refuses `op` once the log failed under the group.
+    pub(crate) fn healthy(&self, op: &'static str) -> Result<(), ClusterError> {
+        self.shared.healthy(op)
+    }
+
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
     }
 
     fn log_err(&self, op: &'static str) -> impl FnOnce(LogError) -> ClusterError {
@@ -47,31 +144,56 @@ impl GroupLog {
         move |source| ClusterError::Log { group, op, source }
     }
 
-    fn encode(&self, rec: &RaftRecord, op: &'static str) -> Result<Vec<u8>, ClusterError> {
-        rec.encode().map_err(|why| ClusterError::Encode {
+    /// Queues `rec` to the log and applies it to `st` (readers see it at once); `ack` runs once
+    /// it is durable. Called under the state lock, so the log holds records in the order they
+    /// were applied. Any log error stops the group.
+    fn queue(
+        &self,
+        st: &mut GroupState,
+        rec: RaftRecord,
+        op: &'static str,
+        ack: AckFn,
+    ) -> Result<(), ClusterError> {
+        let bytes = rec.encode().map_err(|why| ClusterError::Encode {
             group: self.group,
             op,
             why,
-        })
+        })?;
+        let ack = Watched::boxed(self.shared.clone(), op, ack);
+        if let Err(e) = self.log.append(self.partition, bytes, ack) {
+            self.shared.fail(op, e.to_string());
+            return Err(self.log_err(op)(e));
+        }
+        st.apply(rec);
+        Ok(())
     }
 
-    /// Checks `rec`, applies it to the in-memory state (readers see it at once) and queues it
-    /// to the log; `ack` runs once it is durable. Both happen under the state lock, so the log
-    /// holds records in the order they were applied.
+    /// Checks `rec`, applies it to the in-memory state and queues it to the log; `ack` runs
+    /// once it is durable.
     pub(crate) fn write(
         &self,
         rec: RaftRecord,
         op: &'static str,
         ack: AckFn,
     ) -> Result<(), ClusterError> {
-        let bytes = self.encode(&rec, op)?;
-        let mut st = self.state();
+        let mut st = self.state(op)?;
         st.check(&rec)?;
-        self.log
-            .append(self.partition, bytes, ack)
-            .map_err(self.log_err(op))?;
-        st.apply(rec);
-        Ok(())
+        self.queue(&mut st, rec, op, ack)
+    }
+
+    /// Waits for the ack of a write; a dropped ack stopped the group already (`Watched`).
+    async fn durable(
+        &self,
+        op: &'static str,
+        rx: oneshot::Receiver<Result<Appended, LogError>>,
+    ) -> Result<(), ClusterError> {
+        match rx.await {
+            Ok(r) => r.map(|_| ()).map_err(self.log_err(op)),
+            Err(_) => Err(ClusterError::NoAnswer {
+                group: self.group,
+                op,
+            }),
+        }
     }
 
     /// [`GroupLog::write`], returning only once the record is durable (below D).
@@ -88,13 +210,7 @@ impl GroupLog {
                 let _ = tx.send(r);
             }),
         )?;
-        match rx.await {
-            Ok(r) => r.map(|_| ()).map_err(self.log_err(op)),
-            Err(_) => Err(ClusterError::NoAnswer {
-                group: self.group,
-                op,
-            }),
-        }
+        self.durable(op, rx).await
     }
 
     /// Restates, durably and in one run of records, everything a replay needs: the newest
@@ -106,7 +222,7 @@ impl GroupLog {
         let op = "checkpoint";
         let (tx, rx) = oneshot::channel();
         {
-            let mut st = self.state();
+            let mut st = self.state(op)?;
             let mut recs = Vec::with_capacity(st.entries.len() + 2);
             if let Some((meta, data)) = st.snapshot.clone() {
                 recs.push(RaftRecord::Snapshot(meta, data));
@@ -117,33 +233,23 @@ impl GroupLog {
             let last = recs.len() - 1;
             // Queued under the state lock: no other record of the group lands in between.
             for (i, rec) in recs.into_iter().enumerate() {
-                let bytes = self.encode(&rec, op)?;
                 let tx = if i == last { tx.take() } else { None };
                 let ack: AckFn = Box::new(move |r| {
                     if let Some(tx) = tx {
                         let _ = tx.send(r);
                     }
                 });
-                self.log
-                    .append(self.partition, bytes, ack)
-                    .map_err(self.log_err(op))?;
-                st.apply(rec);
+                self.queue(&mut st, rec, op, ack)?;
             }
             st.checkpointed_at = Some(self.log.durable());
         }
-        match rx.await {
-            Ok(r) => r.map(|_| ()).map_err(self.log_err(op)),
-            Err(_) => Err(ClusterError::NoAnswer {
-                group: self.group,
-                op,
-            }),
-        }
+        self.durable(op, rx).await
     }
 
     /// Checkpoints when the log has grown by `every` bytes (a quarter of the ring) since the
     /// last checkpoint of this group (or it never had one since open). Returns whether it did.
     pub async fn checkpoint_due(&self, every: u64) -> Result<bool, ClusterError> {
-        let at = self.state().checkpointed_at;
+        let at = self.state("checkpoint")?.checkpointed_at;
         let due = at.is_none_or(|a| self.log.durable().saturating_sub(a) >= every);
         if due {
             self.checkpoint().await?;
@@ -151,9 +257,10 @@ impl GroupLog {
         Ok(due)
     }
 
-    /// A copy of the group's state as its records built it (tests and diagnostics).
-    pub fn current(&self) -> GroupState {
-        self.state().clone()
+    /// A copy of the group's state as its records built it (tests and diagnostics); refused,
+    /// like every read, once the log failed under the group.
+    pub fn current(&self) -> Result<GroupState, ClusterError> {
+        Ok(self.state("read the group's state")?.clone())
     }
 }
 
@@ -205,7 +312,11 @@ pub fn open_group(log: Arc<Log>, group: u32) -> Result<(LogStore, StateMachine),
         log,
         group,
         partition,
-        state: Arc::new(Mutex::new(state)),
+        shared: Arc::new(Shared {
+            group,
+            state: Mutex::new(state),
+            failed: OnceLock::new(),
+        }),
     };
     let sm = StateMachine::open(handle.clone())?;
     Ok((LogStore::new(handle), sm))

@@ -63,11 +63,15 @@ async fn truncating_below_the_committed_index_fails_and_drops_nothing() {
     );
     assert!(ls.truncate_after(None).await.is_err());
     // Nothing was dropped, in memory or on the device.
-    assert_eq!(ls.group_log().current().entries.len(), 4);
+    let held = ls.group_log().current().map(|s| s.entries.len());
+    assert_eq!(held.map_err(|e| e.to_string()), Ok(4));
     assert!(ls.truncate_after(Some(id(3))).await.is_ok());
     drop((ls, sm));
     let node = node.power_cycle().unwrap_or_else(|e| panic!("{e}"));
     let (ls, _sm) = node.open(2).unwrap_or_else(|e| panic!("{e}"));
-    let kept: Vec<Entry> = ls.group_log().current().entries.into_values().collect();
-    assert_eq!(kept, entries[..3].to_vec());
+    let kept = ls
+        .group_log()
+        .current()
+        .map(|s| s.entries.into_values().collect::<Vec<_>>());
+    assert_eq!(kept.map_err(|e| e.to_string()), Ok(entries[..3].to_vec()));
 }

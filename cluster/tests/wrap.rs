@@ -91,7 +91,7 @@ async fn vote_purge_snapshot_and_entries_survive_three_laps_of_the_ring_and_a_cu
 
     let node = node.power_cycle().unwrap_or_else(|e| panic!("{e}"));
     let (ls, sm) = node.open(GROUP).unwrap_or_else(|e| panic!("{e}"));
-    let st = ls.group_log().current();
+    let st = ls.group_log().current().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(st.vote, Some(Vote::new_committed(5, 2)));
     assert_eq!(st.purged, Some(id(5, 2)));
     assert_eq!(st.committed, Some(id(5, 2)));
@@ -99,8 +99,9 @@ async fn vote_purge_snapshot_and_entries_survive_three_laps_of_the_ring_and_a_cu
         st.entries.values().cloned().collect::<Vec<_>>(),
         vec![entry(3), entry(4)]
     );
-    assert_eq!(sm.applied().last, Some(id(5, 2)));
-    let data: Vec<_> = sm.applied().data.into_values().collect();
+    let applied = sm.applied().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(applied.last, Some(id(5, 2)));
+    let data: Vec<_> = applied.data.into_values().collect();
     assert_eq!(data, vec![b"entry 1".to_vec(), b"entry 2".to_vec()]);
 }
 
