@@ -267,6 +267,53 @@ impl GroupLog {
 /// Opens Raft group `group` on `log`: creates its partition on first use, replays its records
 /// and returns its log store and state machine. Refuses a log that acknowledges appends before
 /// their flush, since Raft counts this node's flush toward the quorum.
+/// Times the replay starts again because the ring freed records under it.
+const REPLAY_RESTARTS: usize = 8;
+
+/// The group's retained records, from the partition's first retained offset to its durable end,
+/// and that first offset. The ring may free the oldest records while they are read (a full log
+/// frees its head for any write, such as the fence recovery writes after a cut): then the replay
+/// starts again from the new head, so that it is always of one contiguous retained window.
+fn read_group(
+    log: &Log,
+    group: u32,
+    partition: u32,
+) -> Result<(u64, Vec<nvmq_log::Record>), ClusterError> {
+    let log_err = |op| move |source| ClusterError::Log { group, op, source };
+    let mut restarts = 0;
+    'replay: loop {
+        let view = log.partition(partition).ok_or(ClusterError::Log {
+            group,
+            op: "look up the group's partition",
+            source: LogError::UnknownPartition(partition),
+        })?;
+        let mut records = Vec::new();
+        let mut next = view.start_offset;
+        while next < view.durable_end {
+            let batch = match log.read(partition, next, REPLAY_READ) {
+                Ok(b) => b,
+                Err(LogError::OffsetOutOfRange { start, .. })
+                    if start > next && restarts < REPLAY_RESTARTS =>
+                {
+                    restarts += 1;
+                    continue 'replay;
+                }
+                Err(e) => return Err(log_err("replay the group's records")(e)),
+            };
+            let Some(last) = batch.last() else {
+                return Err(ClusterError::ReplayShort {
+                    group,
+                    at: next,
+                    durable_end: view.durable_end,
+                });
+            };
+            next = last.offset + u64::from(last.span.max(1));
+            records.extend(batch);
+        }
+        return Ok((view.start_offset, records));
+    }
+}
+
 pub fn open_group(log: Arc<Log>, group: u32) -> Result<(LogStore, StateMachine), ClusterError> {
     let mode = log.flush_mode();
     if mode != FlushMode::Always {
@@ -282,31 +329,11 @@ pub fn open_group(log: Arc<Log>, group: u32) -> Result<(LogStore, StateMachine),
             .create_partition(RAFT_TOPIC, group)
             .map_err(log_err("create the group's partition"))?,
     };
-    let view = log.partition(partition).ok_or(ClusterError::Log {
-        group,
-        op: "look up the group's partition",
-        source: LogError::UnknownPartition(partition),
-    })?;
-    let mut records = Vec::new();
-    let mut next = view.start_offset;
-    while next < view.durable_end {
-        let batch = log
-            .read(partition, next, REPLAY_READ)
-            .map_err(log_err("replay the group's records"))?;
-        let Some(last) = batch.last() else {
-            return Err(ClusterError::ReplayShort {
-                group,
-                at: next,
-                durable_end: view.durable_end,
-            });
-        };
-        next = last.offset + u64::from(last.span.max(1));
-        records.extend(batch.into_iter().map(|r| (r.offset, r.payload)));
-    }
+    let (start, records) = read_group(&log, group, partition)?;
     let state = GroupState::replay(
         group,
-        view.start_offset,
-        records.iter().map(|(o, b)| (*o, b.as_ref())),
+        start,
+        records.iter().map(|r| (r.offset, r.payload.as_ref())),
     )?;
     let handle = GroupLog {
         log,

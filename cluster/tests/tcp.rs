@@ -161,10 +161,11 @@ impl Cluster {
             if last.is_some_and(|l| l >= index) {
                 return raft
                     .with_state_machine(|sm: &mut StateMachine| {
-                        Box::pin(async move { sm.applied().data })
+                        Box::pin(async move { sm.applied().map(|a| a.data) })
                     })
                     .await
-                    .map_err(|e| e.to_string());
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("node {id}'s state machine: {e}"));
             }
             tokio::time::sleep(POLL).await;
         }
