@@ -224,10 +224,12 @@ fn a_larger_atomic_write_unit_is_no_hazard_and_opens() {
 // ---------------------------------------------------------------------------------------------
 // Item 3: a maximum transfer smaller than the maximum batch.
 
+/// The acks of appends queued by `queue_all`: (record index, result).
+type Acks = std::sync::mpsc::Receiver<(usize, Result<nvmq_log::Appended, LogError>)>;
+
 /// Queues `n` records of `len` bytes (record i is `payload(i, len)`) without waiting for their
-/// acks, so that batches fill up to the maximum batch; every one must be acknowledged, at
-/// offset i.
-fn append_all(log: &std::sync::Arc<Log>, first: usize, n: usize, len: usize) {
+/// acks; `wait_all` then checks them.
+fn queue_all(log: &Log, first: usize, n: usize, len: usize) -> Acks {
     let part = log.partition_id("t", 0).expect("t/0");
     let (tx, rx) = std::sync::mpsc::channel();
     for i in first..first + n {
@@ -241,9 +243,13 @@ fn append_all(log: &std::sync::Arc<Log>, first: usize, n: usize, len: usize) {
         )
         .expect("queue an append");
     }
-    drop(tx);
+    rx
+}
+
+/// Every one of `n` queued appends must be acknowledged, record i at offset i.
+fn wait_all(acks: Acks, n: usize) {
     let mut acked = 0;
-    for (i, r) in rx {
+    for (i, r) in acks {
         match r {
             Ok(a) => assert_eq!(a.offset, i as u64, "record {i} at the wrong offset"),
             Err(e) => panic!("append {i} failed: {e}"),
@@ -251,6 +257,17 @@ fn append_all(log: &std::sync::Arc<Log>, first: usize, n: usize, len: usize) {
         acked += 1;
     }
     assert_eq!(acked, n);
+}
+
+/// Queues `n` records and waits for all their acks: batches fill as far as the writer's pace
+/// lets them.
+fn append_all(log: &Log, first: usize, n: usize, len: usize) {
+    wait_all(queue_all(log, first, n, len), n);
+}
+
+struct NoBell;
+impl nvmq_log::Doorbell for NoBell {
+    fn ring(&self) {}
 }
 
 #[test]
@@ -296,23 +313,35 @@ fn batches_split_into_many_pieces_lap_the_ring_and_survive_reopen() {
     // 16 KiB transfers: a 256 KiB batch takes 16 writes, 17 where it crosses the ring's end.
     let (dev, handle) = moved(&old, sim_config(11, 4096, 4096, (16 * KIB) as u32));
     let (w, _) = recovery::open(dev, log_config()).expect("open");
-    let log = std::sync::Arc::new(Log::start(w, 4096));
-    // 3000 records of 5000 B: about 15 MiB, well over two laps of the 6 MiB ring.
-    append_all(&log, 0, 3000, 5000);
+    // 3000 records of 5000 B: about 15 MiB, well over two laps of the 6 MiB ring. All are
+    // queued before the writer takes any (its owner starts after), so every batch fills to the
+    // maximum whatever the machine's pace: no batch fits in one 16 KiB transfer.
+    let (log, mut host) = Log::hosted(w, 4096, std::sync::Arc::new(NoBell));
+    let acks = queue_all(&log, 0, 3000, 5000);
+    let owner = std::thread::spawn(move || loop {
+        match host.turn() {
+            nvmq_log::Turn::Moved => {}
+            nvmq_log::Turn::Idle { after, .. } => {
+                std::thread::sleep(after.min(Duration::from_micros(200)))
+            }
+            nvmq_log::Turn::Stopped => return,
+        }
+    });
+    wait_all(acks, 3000);
     assert_eq!(log.fatal(), None);
-    // Batches of more than one piece, over more than two laps of the ring.
+    // Batches of many pieces, over more than two laps of the ring.
     let st = log.stats();
     assert!(
-        st.device_bytes_written / st.batches_written > 16 * KIB,
-        "batches of {} B on average: none was split",
+        st.device_bytes_written / st.batches_written > 128 * KIB,
+        "batches of {} B on average: not filled to the maximum of 256 KiB",
         st.device_bytes_written / st.batches_written
     );
     assert!(log.durable() > 2 * log.geometry().log_size);
     let retained = read_all(&log, 5000);
     assert!(retained > 500, "only {retained} records retained");
     scrub_clean(&log);
-    let log = std::sync::Arc::try_unwrap(log).unwrap_or_else(|_| panic!("log still shared"));
     log.shutdown();
+    owner.join().expect("the writer's owner thread");
 
     let (w, report) = recovery::open(handle.power_on(), log_config()).expect("reopen");
     let log = Log::start(w, 64);
