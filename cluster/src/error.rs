@@ -78,16 +78,25 @@ pub enum ClusterError {
         op: &'static str,
         why: String,
     },
+    /// The node's applier refused a committed entry: its state no longer follows the group.
+    #[error("raft group {group}: applying entry {index}: {why}")]
+    Apply { group: u32, index: u64, why: String },
+    /// Snapshots of a group whose entries an applier turns into node state are not built (the
+    /// state is the node's partitions, not a copy the snapshot could carry).
+    #[error(
+        "raft group {group}: {op}: refused, snapshots of a group applied to the node's \
+         partitions are not supported yet (its entries are kept instead of purged)"
+    )]
+    NoSnapshots { group: u32, op: &'static str },
     #[error("raft group {group}: {op}: the log writer stopped before answering")]
     NoAnswer { group: u32, op: &'static str },
     /// The log failed under the group (a write or flush error, a stopped writer, a write it
-    /// never answered). Records are applied in memory before they are durable, so the memory
-    /// may hold what the device does not: every later operation is refused until the group is
-    /// reopened from its device.
+    /// never answered), or the node's applier refused a committed entry. Records are applied
+    /// in memory before they are durable, so the memory may hold what the device does not:
+    /// every later operation is refused until the group is reopened from its device.
     #[error(
-        "raft group {group}: {op}: refused, the group stopped when its log failed during \
-         {failed_op} ({why}); what it holds in memory may not be on the device: reopen it from \
-         the device"
+        "raft group {group}: {op}: refused, the group stopped at a failure during {failed_op} \
+         ({why}); what it holds in memory may not be on the device: reopen it from the device"
     )]
     Stopped {
         group: u32,

@@ -5,6 +5,7 @@
 //! log partition (`__nvmq_raft`, index = group id), replayed in log order at open.
 #![forbid(unsafe_code)]
 
+mod apply;
 mod error;
 mod log_store;
 pub mod net;
@@ -14,8 +15,11 @@ mod state_machine;
 mod store;
 mod types;
 
+pub use apply::{Applier, ApplyResult};
 pub use error::ClusterError;
 pub use log_store::{LogReader, LogStore};
+/// The pinned openraft, for the crates that drive a group.
+pub use openraft;
 pub use state_machine::{Applied, StateMachine};
-pub use store::{open_group, GroupLog, RAFT_TOPIC};
+pub use store::{open_applied_group, open_group, GroupLog, RAFT_TOPIC};
 pub use types::{Entry, LogId, Request, Response, SnapshotMeta, TypeConfig, Vote};

@@ -1,6 +1,7 @@
-//! The group's state machine: the applied requests by index. A stand-in for the partition a
-//! group will carry; its snapshots are records of the group's partition, durable before use.
-//! Like the log store, it refuses every call once the log failed under the group.
+//! The group's state machine: the applied requests by index, or, with an [`Applier`], the
+//! node's own state that the applier keeps (a Kafka partition's records). Its snapshots are
+//! records of the group's partition, durable before use. Like the log store, it refuses every
+//! call once the log failed under the group.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -10,6 +11,7 @@ use futures::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, RaftSnapshotBuilder};
 
+use crate::apply::Applier;
 use crate::error::ClusterError;
 use crate::record::RaftRecord;
 use crate::store::{lock, GroupLog};
@@ -30,6 +32,8 @@ pub struct Applied {
 pub struct StateMachine {
     group: GroupLog,
     applied: Arc<Mutex<Applied>>,
+    /// Where normal entries go instead of `Applied::data`.
+    applier: Option<Arc<dyn Applier>>,
 }
 
 fn decode_data(group: u32, bytes: &[u8]) -> Result<BTreeMap<u64, Vec<u8>>, ClusterError> {
@@ -45,7 +49,10 @@ fn decode_data(group: u32, bytes: &[u8]) -> Result<BTreeMap<u64, Vec<u8>>, Clust
 impl StateMachine {
     /// Starts from the newest durable snapshot (or empty); openraft re-applies the committed
     /// entries after it.
-    pub(crate) fn open(group: GroupLog) -> Result<StateMachine, ClusterError> {
+    pub(crate) fn open(
+        group: GroupLog,
+        applier: Option<Arc<dyn Applier>>,
+    ) -> Result<StateMachine, ClusterError> {
         let snapshot = group.state("open the state machine")?.snapshot.clone();
         let applied = match snapshot {
             None => Applied::default(),
@@ -58,6 +65,7 @@ impl StateMachine {
         Ok(StateMachine {
             group,
             applied: Arc::new(Mutex::new(applied)),
+            applier,
         })
     }
 
@@ -65,6 +73,17 @@ impl StateMachine {
     fn lock(&self, op: &'static str) -> Result<MutexGuard<'_, Applied>, ClusterError> {
         self.group.healthy(op)?;
         Ok(lock(&self.applied))
+    }
+
+    /// Snapshots carry `Applied::data`; an applier's state is the node's, not in them.
+    fn refuse_snapshots(&self, op: &'static str) -> Result<(), ClusterError> {
+        match self.applier {
+            Some(_) => Err(ClusterError::NoSnapshots {
+                group: self.group.group(),
+                op,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// What has been applied so far (a copy).
@@ -79,6 +98,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     /// Writes the snapshot to the log and returns it once durable: openraft may purge the
     /// entries it covers as soon as it has it.
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        self.refuse_snapshots("build snapshot")?;
         let (meta, data) = {
             let a = self.lock("build snapshot")?;
             let pairs: Vec<(&u64, &Vec<u8>)> = a.data.iter().collect();
@@ -118,21 +138,33 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         while let Some(item) = entries.next().await {
             let (entry, responder) = item?;
             let index = entry.log_id.index;
-            {
-                let mut a = self.lock("apply")?;
-                a.last = Some(entry.log_id);
-                match entry.payload {
-                    EntryPayload::Blank => {}
-                    EntryPayload::Normal(req) => {
-                        a.data.insert(index, req.0);
+            let mut answer = Vec::new();
+            match entry.payload {
+                EntryPayload::Normal(req) => match &self.applier {
+                    Some(applier) => {
+                        self.group.healthy("apply")?;
+                        answer = applier.apply(index, &req.0).await.map_err(|why| {
+                            let e = ClusterError::Apply {
+                                group: self.group.group(),
+                                index,
+                                why,
+                            };
+                            self.group.stop("apply", e.to_string());
+                            e
+                        })?;
                     }
-                    EntryPayload::Membership(m) => {
-                        a.membership = StoredMembership::new(Some(entry.log_id), m);
+                    None => {
+                        self.lock("apply")?.data.insert(index, req.0);
                     }
+                },
+                EntryPayload::Blank => {}
+                EntryPayload::Membership(m) => {
+                    self.lock("apply")?.membership = StoredMembership::new(Some(entry.log_id), m);
                 }
             }
+            self.lock("apply")?.last = Some(entry.log_id);
             if let Some(r) = responder {
-                r.send(Response { index });
+                r.send(Response { index, answer });
             }
         }
         Ok(())
@@ -149,6 +181,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta,
         data: Vec<u8>,
     ) -> Result<(), io::Error> {
+        self.refuse_snapshots("install snapshot")?;
         let decoded = decode_data(self.group.group(), &data)?;
         self.group
             .write_durable(RaftRecord::Snapshot(meta.clone(), data), "install snapshot")

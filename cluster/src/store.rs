@@ -65,7 +65,7 @@ impl Shared {
     fn fail(&self, op: &'static str, why: String) {
         if self.failed.set((op, why.clone())).is_ok() {
             tracing::error!(group = self.group, op, error = %why,
-                "raft group stopped: its log failed, every later operation is refused");
+                "raft group stopped: every later operation is refused");
         }
     }
 }
@@ -133,6 +133,11 @@ impl GroupLog {
     /// Refuses `op` once the log failed under the group.
     pub(crate) fn healthy(&self, op: &'static str) -> Result<(), ClusterError> {
         self.shared.healthy(op)
+    }
+
+    /// Stops the group for a failure outside the log (the applier's).
+    pub(crate) fn stop(&self, op: &'static str, why: String) {
+        self.shared.fail(op, why);
     }
 
     pub(crate) fn shared(&self) -> Arc<Shared> {
@@ -315,6 +320,25 @@ fn read_group(
 }
 
 pub fn open_group(log: Arc<Log>, group: u32) -> Result<(LogStore, StateMachine), ClusterError> {
+    open_group_inner(log, group, None)
+}
+
+/// Like [`open_group`], with committed normal entries handed to `applier` (the node's own
+/// state) instead of kept by the state machine. Snapshots are refused
+/// ([`ClusterError::NoSnapshots`]): run the group with openraft's snapshot policy `Never`.
+pub fn open_applied_group(
+    log: Arc<Log>,
+    group: u32,
+    applier: Arc<dyn crate::Applier>,
+) -> Result<(LogStore, StateMachine), ClusterError> {
+    open_group_inner(log, group, Some(applier))
+}
+
+fn open_group_inner(
+    log: Arc<Log>,
+    group: u32,
+    applier: Option<Arc<dyn crate::Applier>>,
+) -> Result<(LogStore, StateMachine), ClusterError> {
     let mode = log.flush_mode();
     if mode != FlushMode::Always {
         return Err(ClusterError::RelaxedFlush {
@@ -345,6 +369,6 @@ pub fn open_group(log: Arc<Log>, group: u32) -> Result<(LogStore, StateMachine),
             failed: OnceLock::new(),
         }),
     };
-    let sm = StateMachine::open(handle.clone())?;
+    let sm = StateMachine::open(handle.clone(), applier)?;
     Ok((LogStore::new(handle), sm))
 }

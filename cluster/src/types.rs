@@ -29,8 +29,10 @@ impl fmt::Display for Request {
     }
 }
 
-/// What applying a request answers: the Raft index it was committed at.
+/// What applying a request answers: the Raft index it was committed at, and the applier's
+/// answer (empty without one).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
     pub index: u64,
+    pub answer: Vec<u8>,
 }

@@ -42,11 +42,12 @@ const ENDPOINT_BROKERS: i8 = 1;
 /// Partitions one CreateTopics may ask for per topic: each is created durably (a flush apiece).
 const MAX_PARTITIONS: u32 = 1000;
 
-fn versions_body(error: i16) -> ApiVersionsResponse {
+fn versions_body(error: i16, cluster: bool) -> ApiVersionsResponse {
     let mut r = ApiVersionsResponse::default();
     r.error_code = error;
     r.api_keys = TABLE
         .iter()
+        .filter(|a| !cluster || crate::replica::served(a.key))
         .map(|a| {
             let mut v = ApiVersion::default();
             v.api_key = a.key as i16;
@@ -58,13 +59,15 @@ fn versions_body(error: i16) -> ApiVersionsResponse {
     r
 }
 
-pub fn api_versions(ctx: &Ctx) -> Reply {
-    ctx.ready(&versions_body(codes::NONE))
+/// The APIs and versions served; a node of a cluster leaves out those whose changes it does
+/// not replicate yet (`replica::served`), so clients know before they ask.
+pub fn api_versions(b: &Broker, ctx: &Ctx) -> Reply {
+    ctx.ready(&versions_body(codes::NONE, b.replica().is_some()))
 }
 
 /// The answer to an ApiVersions version nvmq does not serve: UNSUPPORTED_VERSION in a v0 body.
 pub fn api_versions_unsupported(ctx: &Ctx) -> Reply {
-    ctx.ready(&versions_body(codes::UNSUPPORTED_VERSION))
+    ctx.ready(&versions_body(codes::UNSUPPORTED_VERSION, false))
 }
 
 fn name(s: &str) -> TopicName {
@@ -129,6 +132,26 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
                     codes::INVALID_TOPIC_EXCEPTION
                 } else if may_create && !check::create_topic(b, ctx, &n) {
                     codes::TOPIC_AUTHORIZATION_FAILED
+                } else if let Some(r) = b.replica().filter(|r| may_create && !r.is_leader()) {
+                    // Created by the cluster's leader, which this node asks; the topic is
+                    // served here once this node applied it (until then the client asks again).
+                    let leader = r.view().leader.and_then(|l| r.members().get(&l).cloned());
+                    let code = match leader {
+                        Some(l) => {
+                            let parts = b.cfg.default_partitions;
+                            crate::replica::forward::create_topic(&l.kafka, &n, parts).await
+                        }
+                        None => codes::LEADER_NOT_AVAILABLE,
+                    };
+                    match code {
+                        codes::NONE | codes::TOPIC_ALREADY_EXISTS
+                            if b.topics().map.contains_key(&n) =>
+                        {
+                            codes::NONE
+                        }
+                        codes::NONE | codes::TOPIC_ALREADY_EXISTS => codes::LEADER_NOT_AVAILABLE,
+                        other => other,
+                    }
                 } else if may_create {
                     match b.create_topic(&n, b.cfg.default_partitions).await {
                         Ok(_) => codes::NONE,
@@ -146,15 +169,18 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
         }
     };
     let mut resp = MetadataResponse::default();
-    let mut broker = MetadataResponseBroker::default();
-    broker.node_id = BrokerId(NODE_ID);
-    broker.host = StrBytes::from_string(b.cfg.advertise_host.clone());
-    broker.port = b.cfg.advertise_port;
-    resp.brokers = vec![broker];
+    let place = crate::placement::of(b);
+    for a in &place.brokers {
+        let mut broker = MetadataResponseBroker::default();
+        broker.node_id = BrokerId(a.id);
+        broker.host = StrBytes::from_string(a.host.clone());
+        broker.port = a.port;
+        resp.brokers.push(broker);
+    }
     if ctx.version >= 2 {
         resp.cluster_id = Some(StrBytes::from_static_str(CLUSTER_ID));
     }
-    resp.controller_id = BrokerId(if ctx.version >= 1 { NODE_ID } else { -1 });
+    resp.controller_id = BrokerId(if ctx.version >= 1 { place.leader } else { -1 });
     // The field is in v8-10 only (v11 moved it to DescribeCluster).
     if req.include_cluster_authorized_operations && (8..=10).contains(&ctx.version) {
         resp.cluster_authorized_operations = operations::cluster(b, ctx);
@@ -181,10 +207,13 @@ pub async fn metadata(b: &Arc<Broker>, ctx: &Ctx, req: MetadataRequest) -> Reply
             for i in 0..count {
                 let mut p = MetadataResponsePartition::default();
                 p.partition_index = i as i32;
-                p.leader_id = BrokerId(NODE_ID);
-                p.leader_epoch = crate::epoch::LEADER_EPOCH;
-                p.replica_nodes = vec![BrokerId(NODE_ID)];
-                p.isr_nodes = vec![BrokerId(NODE_ID)];
+                if place.leader < 0 {
+                    p.error_code = codes::LEADER_NOT_AVAILABLE;
+                }
+                p.leader_id = BrokerId(place.leader);
+                p.leader_epoch = place.epoch;
+                p.replica_nodes = place.replicas.iter().map(|&r| BrokerId(r)).collect();
+                p.isr_nodes = place.in_sync.iter().map(|&r| BrokerId(r)).collect();
                 t.partitions.push(p);
             }
         }
@@ -209,12 +238,15 @@ pub fn describe_cluster(b: &Arc<Broker>, ctx: &Ctx, req: DescribeClusterRequest)
         return ctx.ready(&resp);
     }
     resp.cluster_id = StrBytes::from_static_str(CLUSTER_ID);
-    resp.controller_id = BrokerId(NODE_ID);
-    let mut broker = DescribeClusterBroker::default();
-    broker.broker_id = BrokerId(NODE_ID);
-    broker.host = StrBytes::from_string(b.cfg.advertise_host.clone());
-    broker.port = b.cfg.advertise_port;
-    resp.brokers = vec![broker];
+    let place = crate::placement::of(b);
+    resp.controller_id = BrokerId(place.leader);
+    for a in &place.brokers {
+        let mut broker = DescribeClusterBroker::default();
+        broker.broker_id = BrokerId(a.id);
+        broker.host = StrBytes::from_string(a.host.clone());
+        broker.port = a.port;
+        resp.brokers.push(broker);
+    }
     resp.cluster_authorized_operations = if req.include_cluster_authorized_operations {
         operations::cluster(b, ctx)
     } else {
@@ -234,6 +266,8 @@ fn create_error_code(e: &LogError) -> i16 {
 
 pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest) -> Reply {
     let mut resp = CreateTopicsResponse::default();
+    // Each partition has a replica on every node: 1 on a single broker.
+    let factor = i32::try_from(crate::placement::of(b).replicas.len()).unwrap_or(i32::MAX);
     for t in req.topics {
         let n = t.name.as_str().to_string();
         let mut r = CreatableTopicResult::default();
@@ -262,10 +296,17 @@ pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest)
                 codes::INVALID_TOPIC_EXCEPTION,
                 format!("topic name {n:?} is not valid"),
             )
-        } else if !t.assignments.is_empty() || !matches!(t.replication_factor, -1 | 1) {
+        } else if !t.assignments.is_empty()
+            || !(t.replication_factor == -1 || i32::from(t.replication_factor) == factor)
+        {
             (
                 codes::INVALID_REPLICATION_FACTOR,
-                "a single broker holds one replica of each partition".to_string(),
+                format!("every partition has {factor} replicas here, one on each node"),
+            )
+        } else if b.replica().is_some_and(|r| !r.is_leader()) {
+            (
+                codes::NOT_CONTROLLER,
+                "topics are created through the cluster's leader".to_string(),
             )
         } else if let Err(()) = partitions {
             (
@@ -309,7 +350,7 @@ pub async fn create_topics(b: &Arc<Broker>, ctx: &Ctx, req: CreateTopicsRequest)
         // broker's defaults, which DescribeConfigs lists: none is set per topic here.
         if code == codes::NONE && ctx.version >= 5 {
             r.num_partitions = partitions.map_or(-1, |p| p as i32);
-            r.replication_factor = 1;
+            r.replication_factor = i16::try_from(factor).unwrap_or(i16::MAX);
             r.configs = Some(Vec::new());
         }
         if code == codes::NONE && ctx.version >= 7 {
@@ -488,14 +529,20 @@ fn coordinator(
         KEY_GROUP if !check::group(b, ctx, Operation::Describe, key.as_str()) => {
             refused(codes::GROUP_AUTHORIZATION_FAILED, None)
         }
+        // The group lives on the node asked (a cluster does not replicate groups yet).
         KEY_GROUP => {
-            let host = StrBytes::from_string(b.cfg.advertise_host.clone());
+            let place = crate::placement::of(b);
+            let (host, port) = place
+                .me()
+                .map_or((b.cfg.advertise_host.clone(), b.cfg.advertise_port), |a| {
+                    (a.host.clone(), a.port)
+                });
             (
                 codes::NONE,
                 None,
-                BrokerId(NODE_ID),
-                host,
-                b.cfg.advertise_port,
+                BrokerId(place.node_id),
+                StrBytes::from_string(host),
+                port,
             )
         }
         // A transaction coordinator: refused for good, not "not available yet".

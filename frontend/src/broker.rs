@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
 use nvmq_log::{Appended, Log, LogError};
@@ -80,6 +80,8 @@ pub struct Broker {
     /// Topic configs, raised log start offsets, batch limits (`topic_state`).
     topic_state: RwLock<TopicState>,
     stop: Arc<AtomicBool>,
+    /// This broker's part in a cluster, when it is one node of one (`replica`).
+    replica: OnceLock<Arc<crate::replica::Replica>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -177,9 +179,22 @@ impl Broker {
             credentials: replayed.credentials,
             topic_state: RwLock::new(topic_state),
             stop,
+            replica: OnceLock::new(),
         });
         b.refresh_limits();
         Ok(b)
+    }
+
+    /// This broker's part in a cluster; None for a single broker.
+    pub fn replica(&self) -> Option<&Arc<crate::replica::Replica>> {
+        self.replica.get()
+    }
+
+    /// Makes this broker a node of a cluster (once, at start).
+    pub(crate) fn set_replica(&self, r: Arc<crate::replica::Replica>) {
+        if self.replica.set(r).is_err() {
+            tracing::error!("the broker joined a cluster twice; the second is ignored");
+        }
     }
 
     /// How the broker was configured.
@@ -330,8 +345,34 @@ impl Broker {
     }
 
     /// `create_topic` with configs (validated by the caller): recorded before the topic is
-    /// served, so that no produce goes to it under the defaults.
+    /// served, so that no produce goes to it under the defaults. On a node of a cluster the
+    /// creation goes through the group (on its leader) and is applied by every node.
     pub async fn create_topic_with(
+        &self,
+        name: &str,
+        partitions: u32,
+        configs: TopicConfigs,
+    ) -> Result<bool, LogError> {
+        let Some(replica) = self.replica() else {
+            return self.create_topic_here(name, partitions, configs).await;
+        };
+        let cmd = crate::replica::Command::CreateTopic {
+            name: name.to_string(),
+            partitions,
+            configs: configs.set.into_iter().collect(),
+        };
+        match replica.write(&cmd).await {
+            Ok(crate::replica::Answer::Created { created }) => Ok(created),
+            Ok(other) => Err(LogError::Unavailable(format!(
+                "creating topic {name} through the cluster answered {other:?}"
+            ))),
+            Err(e) => Err(LogError::Unavailable(format!("creating topic {name}: {e}"))),
+        }
+    }
+
+    /// Creates the topic on this node's devices (a single broker's creation, and a cluster
+    /// node's applying one).
+    pub(crate) async fn create_topic_here(
         &self,
         name: &str,
         partitions: u32,

@@ -49,3 +49,9 @@ pub const DUPLICATE_RESOURCE: i16 = 92;
 pub const UNACCEPTABLE_CREDENTIAL: i16 = 93;
 pub const UNKNOWN_SERVER_ERROR: i16 = -1;
 pub const UNKNOWN_TOPIC_ID: i16 = 100;
+/// A partition's leader is another node (or none is known): the client refreshes its metadata.
+pub const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+/// No leader yet (an election is under way).
+pub const LEADER_NOT_AVAILABLE: i16 = 5;
+/// The request must go to the controller (a cluster's leader).
+pub const NOT_CONTROLLER: i16 = 41;

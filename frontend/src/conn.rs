@@ -126,6 +126,8 @@ pub enum Refusal {
     Malformed { what: String, why: String },
     #[error("{0:?} request before SASL authentication (or after its session expired)")]
     Unauthenticated(ApiKey),
+    #[error("{0:?} is not served by a node of a cluster: what it changes is not replicated yet")]
+    NotReplicated(ApiKey),
 }
 
 /// Takes one whole request frame (without its length) off the front of `input`, if there.
@@ -235,8 +237,11 @@ pub async fn start(
 pub async fn dispatch(broker: &Arc<Broker>, ctx: &Ctx, mut frame: Bytes) -> Result<Reply, Refusal> {
     let b = broker;
     let ctx = ctx.clone();
+    if b.replica().is_some() && !crate::replica::served(ctx.api) {
+        return Err(Refusal::NotReplicated(ctx.api));
+    }
     let reply = match ctx.api {
-        ApiKey::ApiVersions => admin::api_versions(&ctx),
+        ApiKey::ApiVersions => admin::api_versions(b, &ctx),
         ApiKey::Metadata => admin::metadata(b, &ctx, decode(&ctx, &mut frame)?).await,
         ApiKey::Produce => produce::produce(b, &ctx, produce::decode_request(&ctx, frame)?).await,
         ApiKey::Fetch => fetch::fetch(b, &ctx, decode(&ctx, &mut frame)?),

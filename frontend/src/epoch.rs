@@ -1,7 +1,10 @@
 //! Leader epochs. A single node has led every partition since it was created, so each
-//! partition's leader epoch is 0: Metadata reports it, Fetch and ListOffsets check a client's
-//! current_leader_epoch against it, and OffsetForLeaderEpoch answers the end of epoch 0 with
-//! the high watermark (the durable end).
+//! partition's leader epoch is 0. A node of a cluster serves the Raft term as every
+//! partition's epoch, and only while it leads (followers answer NOT_LEADER_OR_FOLLOWER).
+//! Metadata reports the epoch, Fetch and ListOffsets check a client's current_leader_epoch
+//! against it, and OffsetForLeaderEpoch answers the end of any epoch up to the current one
+//! with the high watermark: a partition holds only committed records, which no leader change
+//! truncates, so no epoch ever ended before the high watermark of what a client read.
 
 use std::sync::Arc;
 
@@ -14,27 +17,48 @@ use crate::broker::Broker;
 use crate::codes;
 use crate::conn::{Ctx, Reply};
 
-/// Every partition's leader epoch.
+/// Every partition's leader epoch on a single broker.
 pub const LEADER_EPOCH: i32 = 0;
 /// "No epoch": the client does not know or ask for one.
 const UNDEFINED: i32 = -1;
 
-/// Kafka's check of a request's current_leader_epoch: none given (-1) passes; an older one is
-/// FENCED_LEADER_EPOCH, a newer one (from a leader this node has not become) UNKNOWN_LEADER_EPOCH.
-pub fn check_current(epoch: i32) -> Option<i16> {
+/// The partitions' leader epoch on this node: 0 on a single broker, the Raft term on a node
+/// of a cluster; None on a node that does not lead (it serves no partition).
+pub fn current(b: &Broker) -> Option<i32> {
+    match b.replica() {
+        None => Some(LEADER_EPOCH),
+        Some(r) => {
+            let v = r.view();
+            (v.leader == Some(v.node_id)).then(|| i32::try_from(v.term).unwrap_or(i32::MAX))
+        }
+    }
+}
+
+/// Kafka's check of a request's current_leader_epoch against this node's: none given (-1)
+/// passes; an older one is FENCED_LEADER_EPOCH, a newer one (from a leader this node has not
+/// become) UNKNOWN_LEADER_EPOCH; on a node that does not lead, NOT_LEADER_OR_FOLLOWER.
+pub fn check_current(b: &Broker, epoch: i32) -> Option<i16> {
+    match current(b) {
+        None => Some(codes::NOT_LEADER_OR_FOLLOWER),
+        Some(now) => check_against(epoch, now),
+    }
+}
+
+fn check_against(epoch: i32, now: i32) -> Option<i16> {
     match epoch {
-        UNDEFINED | LEADER_EPOCH => None,
-        e if e > LEADER_EPOCH => Some(codes::UNKNOWN_LEADER_EPOCH),
+        UNDEFINED => None,
+        e if e == now => None,
+        e if e > now => Some(codes::UNKNOWN_LEADER_EPOCH),
         _ => Some(codes::FENCED_LEADER_EPOCH),
     }
 }
 
-/// (epoch, end offset) for a requested epoch, as Kafka's leader epoch cache answers: the
-/// current epoch ends at the high watermark; any other (none is older than 0 here, and a
-/// newer one does not exist yet) is UNDEFINED with offset -1.
-fn end_of(requested: i32, high_watermark: i64) -> (i32, i64) {
-    if requested == LEADER_EPOCH {
-        (LEADER_EPOCH, high_watermark)
+/// (epoch, end offset) for a requested epoch: any epoch from 0 to the current one ends at the
+/// high watermark (see the module's comment); a newer one does not exist yet and a negative
+/// one never did: UNDEFINED with offset -1.
+fn end_of(requested: i32, now: i32, high_watermark: i64) -> (i32, i64) {
+    if (0..=now).contains(&requested) {
+        (requested, high_watermark)
     } else {
         (UNDEFINED, -1)
     }
@@ -60,9 +84,12 @@ pub fn offset_for_leader_epoch(
             match pid.and_then(|id| b.bounds(id)) {
                 _ if !allowed => e.error_code = codes::TOPIC_AUTHORIZATION_FAILED,
                 None => e.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION,
-                Some((_, end)) => match check_current(p.current_leader_epoch) {
-                    Some(code) => e.error_code = code,
-                    None => (e.leader_epoch, e.end_offset) = end_of(p.leader_epoch, end as i64),
+                Some((_, end)) => match (check_current(b, p.current_leader_epoch), current(b)) {
+                    (Some(code), _) => e.error_code = code,
+                    (None, None) => e.error_code = codes::NOT_LEADER_OR_FOLLOWER,
+                    (None, Some(now)) => {
+                        (e.leader_epoch, e.end_offset) = end_of(p.leader_epoch, now, end as i64)
+                    }
                 },
             }
             tr.partitions.push(e);
@@ -78,12 +105,18 @@ mod tests {
 
     #[test]
     fn epochs_are_checked_as_kafka_checks_them() {
-        assert_eq!(check_current(-1), None);
-        assert_eq!(check_current(0), None);
-        assert_eq!(check_current(1), Some(codes::UNKNOWN_LEADER_EPOCH));
-        assert_eq!(check_current(-2), Some(codes::FENCED_LEADER_EPOCH));
-        assert_eq!(end_of(0, 42), (0, 42));
-        assert_eq!(end_of(3, 42), (-1, -1));
-        assert_eq!(end_of(-1, 42), (-1, -1));
+        assert_eq!(check_against(-1, 0), None);
+        assert_eq!(check_against(0, 0), None);
+        assert_eq!(check_against(1, 0), Some(codes::UNKNOWN_LEADER_EPOCH));
+        assert_eq!(check_against(-2, 0), Some(codes::FENCED_LEADER_EPOCH));
+        assert_eq!(check_against(4, 4), None);
+        assert_eq!(check_against(3, 4), Some(codes::FENCED_LEADER_EPOCH));
+        assert_eq!(check_against(5, 4), Some(codes::UNKNOWN_LEADER_EPOCH));
+        assert_eq!(end_of(0, 0, 42), (0, 42));
+        assert_eq!(end_of(3, 0, 42), (-1, -1));
+        assert_eq!(end_of(-1, 0, 42), (-1, -1));
+        assert_eq!(end_of(2, 4, 42), (2, 42));
+        assert_eq!(end_of(4, 4, 42), (4, 42));
+        assert_eq!(end_of(5, 4, 42), (-1, -1));
     }
 }

@@ -181,7 +181,7 @@ fn read_once(
                 pd.log_start_offset = start as i64;
             }
             let offset = p.fetch_offset;
-            if let Some(code) = crate::epoch::check_current(p.current_leader_epoch) {
+            if let Some(code) = crate::epoch::check_current(b, p.current_leader_epoch) {
                 pd.error_code = code;
                 failed = true;
             } else if offset < start as i64 || offset > end as i64 {
@@ -257,9 +257,12 @@ pub fn list_offsets(b: &Arc<Broker>, ctx: &Ctx, req: ListOffsetsRequest) -> Repl
                 let pid = b.topics().partition(t.name.as_str(), p.partition_index);
                 let bounds = pid.and_then(|id| b.bounds(id).map(|bd| (id, bd)));
                 if bounds.is_some() && allowed && ctx.version >= 4 {
-                    pr.leader_epoch = crate::epoch::LEADER_EPOCH;
+                    pr.leader_epoch = crate::epoch::current(&b).unwrap_or(-1);
                 }
-                match (bounds, crate::epoch::check_current(p.current_leader_epoch)) {
+                match (
+                    bounds,
+                    crate::epoch::check_current(&b, p.current_leader_epoch),
+                ) {
                     _ if !allowed => pr.error_code = codes::TOPIC_AUTHORIZATION_FAILED,
                     (None, _) => pr.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION,
                     (Some(_), Some(code)) => pr.error_code = code,

@@ -117,8 +117,17 @@ pub fn checks(cfg: &Config, version: i16) -> Checks {
     }
 }
 
+/// A replicated batch's answer, once applied (`replica::Replica::submit`).
+type Replicated = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<crate::replica::Answer, crate::replica::WriteError>>
+            + Send,
+    >,
+>;
+
 enum Wait {
     Stored(oneshot::Receiver<Result<Appended, LogError>>),
+    Replicated(Replicated),
     Duplicate(Landing),
     /// Ceiling mode: answered without storing.
     Ceiling,
@@ -249,7 +258,13 @@ pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
                 Err(refused) => Some(refused),
                 Ok(pid) => {
                     let records = p.records.as_deref().unwrap_or(&[]);
-                    start_partition(b, pid, records, &checks, &mut pw.waits).await
+                    match b.replica() {
+                        Some(r) => {
+                            let at = (t.name.as_str(), p.index);
+                            start_replicated(b, r, pid, at, records, &checks, &mut pw.waits).await
+                        }
+                        None => start_partition(b, pid, records, &checks, &mut pw.waits).await,
+                    }
                 }
             };
             if let Some((code, what)) = &pw.error {
@@ -370,6 +385,58 @@ async fn start_partition(
     None
 }
 
+/// A cluster node's partition: checked as `start_partition` checks, then each batch is written
+/// through the group in order; only the leader takes them.
+async fn start_replicated(
+    b: &Broker,
+    replica: &crate::replica::Replica,
+    pid: PartRef,
+    (topic, index): (&str, i32),
+    records: &[u8],
+    checks: &Checks,
+    waits: &mut Vec<Wait>,
+) -> Option<(i16, String)> {
+    use crate::replica::{Command, WriteError};
+    let batches = match batch::split(records, checks) {
+        Ok(v) => v,
+        Err(f) => return Some((f.code, f.what)),
+    };
+    if let Some(refused) = oversized(&batches, b.batch_limit(pid)) {
+        return Some(refused);
+    }
+    let partition = u32::try_from(index).unwrap_or(0);
+    for (info, bytes) in batches {
+        if info.producer_id >= 0 {
+            return Some((
+                codes::UNSUPPORTED_FOR_MESSAGE_FORMAT,
+                "idempotent and transactional producers are not replicated yet: produce to a \
+                 cluster with enable.idempotence=false"
+                    .into(),
+            ));
+        }
+        let cmd = Command::Produce {
+            topic: topic.to_string(),
+            partition,
+            span: info.span(),
+            batch: bytes.to_vec(),
+        };
+        match replica.submit(&cmd).await {
+            Ok(answer) => waits.push(Wait::Replicated(Box::pin(answer))),
+            Err(WriteError::NotLeader { leader }) => {
+                return Some((
+                    codes::NOT_LEADER_OR_FOLLOWER,
+                    format!(
+                        "node {} does not lead (leader: {leader:?})",
+                        replica.node_id()
+                    ),
+                ))
+            }
+            Err(e) => return Some((codes::KAFKA_STORAGE_ERROR, e.to_string())),
+        }
+    }
+    None
+}
+
 /// MESSAGE_TOO_LARGE for the first batch larger than a record of the log may be.
 pub(crate) fn oversized<B: AsRef<[u8]>>(
     batches: &[(crate::batch::BatchInfo, B)],
@@ -402,6 +469,24 @@ async fn finish(waits: Vec<Wait>, deadline: Option<tokio::time::Instant>) -> (i1
                     Err(_) => return (codes::KAFKA_STORAGE_ERROR, -1),
                 },
                 Wait::Ceiling => 0,
+                Wait::Replicated(answer) => match answer.await {
+                    Ok(crate::replica::Answer::Produced { base }) => base as i64,
+                    Ok(crate::replica::Answer::Refused { code, why }) => {
+                        tracing::warn!(code, %why, "replicated batch refused at apply");
+                        return (code, -1);
+                    }
+                    Ok(other) => {
+                        tracing::error!(?other, "a replicated batch answered as no batch does");
+                        return (codes::KAFKA_STORAGE_ERROR, -1);
+                    }
+                    Err(crate::replica::WriteError::NotLeader { .. }) => {
+                        return (codes::NOT_LEADER_OR_FOLLOWER, -1)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "replicated batch failed");
+                        return (codes::KAFKA_STORAGE_ERROR, -1);
+                    }
+                },
                 Wait::Duplicate(mut l) => match l.wait_for(|v| v.is_some()).await {
                     Ok(v) => match *v {
                         Some(Ok(o)) => o,

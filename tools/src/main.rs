@@ -7,6 +7,7 @@ mod bench;
 mod bench_inline;
 mod bench_recovery;
 mod check_storage;
+mod cluster_flags;
 mod config;
 mod describe;
 mod devspec;

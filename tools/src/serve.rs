@@ -126,6 +126,17 @@ pub struct ServeArgs {
     /// group.initial.rebalance.delay.ms, whose default is 3s; 0 completes at the first join).
     #[arg(long, value_parser = crate::devspec::parse_duration, default_value = "0")]
     pub group_initial_rebalance_delay: Duration,
+    /// Run as one node of a cluster (docs/cluster.md "Running a cluster"): this node's id,
+    /// one of --peers. Every partition is then replicated over Raft on all nodes, and a
+    /// Produce is answered once a majority has it durable.
+    #[arg(long, requires = "peers")]
+    pub node_id: Option<u64>,
+    /// Every node of the cluster, this one included (at least 3), comma-separated, each
+    /// `ID=KAFKA_HOST:PORT/INTERNAL_HOST:PORT`: the address Kafka clients reach it at, and the
+    /// one the nodes' Raft traffic goes to (unauthenticated yet: off loopback only with
+    /// --insecure-network). Give every node the same list.
+    #[arg(long, value_delimiter = ',', requires = "node_id")]
+    pub peers: Vec<String>,
     /// Benchmark ceiling: answer Produce (decoded and checked as always) without touching the
     /// log, so nothing is stored. Shows what the request/response path alone allows; for
     /// `kafka-bench` comparisons only.
@@ -259,6 +270,10 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         bail!("--default-partitions must be at least 1");
     }
     // Kafka's setting is an int of milliseconds; clients read it back through DescribeConfigs.
+    let cluster = crate::cluster_flags::parse(args.node_id, &args.peers, args.insecure_network)?;
+    if cluster.is_some() && args.ceiling {
+        bail!("--ceiling answers without the log: it cannot run as a node of a cluster");
+    }
     if args.group_initial_rebalance_delay.as_millis() > i32::MAX as u128 {
         bail!(
             "--group-initial-rebalance-delay {:?}: at most {} ms (about 24 days)",
@@ -410,6 +425,7 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         spin,
         queue_capacity: queue,
         tls: tls.clone(),
+        cluster,
         ..frontend::ServerOptions::default()
     };
     let shared: Vec<Arc<Shared>> = writers.iter().map(|w| w.shared()).collect();

@@ -21,6 +21,8 @@ pub fn valid_topic_name(name: &str) -> bool {
         && name != ".."
         && name != META_TOPIC
         && name != OFFSETS_TOPIC
+        // A cluster node's Raft group (`replica`): never a Kafka topic.
+        && name != nvmq_cluster::RAFT_TOPIC
         && name
             .bytes()
             .all(|c| c.is_ascii_alphanumeric() || c == b'.' || c == b'_' || c == b'-')

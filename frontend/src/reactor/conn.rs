@@ -456,6 +456,18 @@ async fn serve<S: Transport>(
             let slot = match parsed {
                 Ok(Parsed::Answered(reply)) => Some(Slot::Future(reply)),
                 Ok(Parsed::Request(c, body)) => match c.api {
+                    // A cluster node's Produce goes through the group and its Fetch asks who
+                    // leads: the general path (`replica`), not the loop's own.
+                    ApiKey::Produce | ApiKey::Fetch if ctx.broker.replica().is_some() => {
+                        match conn::dispatch(&ctx.broker, &c, body).await {
+                            Ok(reply) => Some(Slot::Future(reply)),
+                            Err(e) => {
+                                tracing::warn!(?peer, error = %e, "closing connection");
+                                eof = true;
+                                None
+                            }
+                        }
+                    }
                     ApiKey::Produce => {
                         let behind = !checking.is_empty();
                         match fast::produce(ctx, r, next_seq, &c, body, behind) {

@@ -59,6 +59,8 @@ pub struct ServerOptions {
     pub check_gate: Option<CheckGate>,
     /// TLS on the listener (every connection); None: plain TCP.
     pub tls: Option<crate::tls::Tls>,
+    /// This broker as one node of a cluster; None: a single broker.
+    pub cluster: Option<crate::replica::ClusterOptions>,
 }
 
 impl Default for ServerOptions {
@@ -71,6 +73,7 @@ impl Default for ServerOptions {
             spin: Duration::ZERO,
             check_gate: None,
             tls: None,
+            cluster: None,
         }
     }
 }
@@ -201,6 +204,15 @@ impl Server {
                 return Err(e);
             }
         };
+        if let Some(c) = &opts.cluster {
+            match crate::replica::start(&broker, c) {
+                Ok(r) => broker.set_replica(r),
+                Err(e) => {
+                    stop_loops(&shared, threads);
+                    return Err(e);
+                }
+            }
+        }
         let listener = Some(listener);
         let mut listener = listener;
         for id in 0..loops {
@@ -305,6 +317,9 @@ impl Server {
             Ok(r) => r?,
             Err(_) => tracing::error!("the shutdown snapshot panicked"),
         }
+        if let Some(r) = self.broker.replica() {
+            r.stop();
+        }
         self.broker.close_logs();
         stop_loops(&self.shared, std::mem::take(&mut self.threads));
         Ok(self.broker.clone())
@@ -319,6 +334,9 @@ impl Server {
     }
 
     fn halt(&mut self) {
+        if let Some(r) = self.broker.replica() {
+            r.stop();
+        }
         self.shared.killed.store(true, Ordering::SeqCst);
         stop_loops(&self.shared, std::mem::take(&mut self.threads));
     }

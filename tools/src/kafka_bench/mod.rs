@@ -251,7 +251,8 @@ impl Bench {
             let mut t = CreatableTopic::default();
             t.name = topic_name(name);
             t.num_partitions = want as i32;
-            t.replication_factor = 1;
+            // The broker's own: 1 on a single broker, every node of a cluster.
+            t.replication_factor = -1;
             let mut r = CreateTopicsRequest::default();
             r.topics = vec![t];
             r.timeout_ms = TOPIC_TIMEOUT_MS;

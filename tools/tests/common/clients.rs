@@ -58,17 +58,23 @@ impl Server {
     }
 
     pub fn start_with(device: &str, extra: &[&str]) -> Server {
+        let mut args = vec![
+            "--device",
+            device,
+            "--listen",
+            "127.0.0.1:0",
+            "--size",
+            "256M",
+        ];
+        args.extend_from_slice(extra);
+        Server::spawn(&args)
+    }
+
+    /// `nvmq serve` with exactly these flags.
+    pub fn spawn(args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nvmq"))
-            .args([
-                "serve",
-                "--device",
-                device,
-                "--listen",
-                "127.0.0.1:0",
-                "--size",
-                "256M",
-            ])
-            .args(extra)
+            .arg("serve")
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

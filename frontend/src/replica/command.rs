@@ -1,0 +1,115 @@
+//! What a node writes through the cluster's Raft group, and what applying it answers. Encoded
+//! with postcard (the transport's format); an entry that does not decode is a fault of the node
+//! that reads it, never a panic.
+
+use serde::{Deserialize, Serialize};
+
+/// A replicated change to the brokers' state, applied in the group's order on every node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// One record batch of a partition, checked on the leader before it was written; `span`
+    /// is the offsets it takes.
+    Produce {
+        topic: String,
+        partition: u32,
+        span: u32,
+        batch: Vec<u8>,
+    },
+    /// A new topic and its configs (name → value, validated on the leader).
+    CreateTopic {
+        name: String,
+        partitions: u32,
+        configs: Vec<(String, String)>,
+    },
+}
+
+/// What applying a command answered (to the node that wrote it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Answer {
+    /// The batch's first offset.
+    Produced { base: u64 },
+    /// Whether the topic was created (false: it existed already).
+    Created { created: bool },
+    /// A Kafka error code and why: the command applied to nothing, on every node alike.
+    Refused { code: i16, why: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{what} of {len} bytes does not decode: {why}")]
+pub struct DecodeError {
+    what: &'static str,
+    len: usize,
+    why: String,
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // postcard fails only for types it cannot represent (none here) or a full buffer (a Vec
+    // grows); an empty entry would then fail to decode loudly on every node.
+    postcard::to_allocvec(v).unwrap_or_default()
+}
+
+fn decode<'a, T: Deserialize<'a>>(what: &'static str, bytes: &'a [u8]) -> Result<T, DecodeError> {
+    match postcard::take_from_bytes::<T>(bytes) {
+        Ok((v, [])) => Ok(v),
+        Ok((_, rest)) => Err(DecodeError {
+            what,
+            len: bytes.len(),
+            why: format!("{} bytes after its end", rest.len()),
+        }),
+        Err(e) => Err(DecodeError {
+            what,
+            len: bytes.len(),
+            why: e.to_string(),
+        }),
+    }
+}
+
+impl Command {
+    pub fn encode(&self) -> Vec<u8> {
+        encode(self)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Command, DecodeError> {
+        decode("a replicated command", bytes)
+    }
+}
+
+impl Answer {
+    pub fn encode(&self) -> Vec<u8> {
+        encode(self)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Answer, DecodeError> {
+        decode("an applied command's answer", bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_and_answers_round_trip_and_bad_bytes_are_named() {
+        let c = Command::Produce {
+            topic: "t".into(),
+            partition: 3,
+            span: 2,
+            batch: vec![1, 2, 3],
+        };
+        assert_eq!(Command::decode(&c.encode()).expect("decode"), c);
+        let a = Answer::Refused {
+            code: 3,
+            why: "no such partition".into(),
+        };
+        assert_eq!(Answer::decode(&a.encode()).expect("decode"), a);
+        let mut long = c.encode();
+        long.push(0);
+        let e = Command::decode(&long).expect_err("a byte after the end");
+        assert!(e.to_string().contains("1 bytes after its end"), "{e}");
+        let e = Command::decode(&[9, 9]).expect_err("an unknown variant");
+        assert!(
+            e.to_string().contains("a replicated command of 2 bytes"),
+            "{e}"
+        );
+    }
+}
