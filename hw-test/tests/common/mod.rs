@@ -41,7 +41,12 @@ pub fn boot(tag: &str, opts: RigOptions, cmds: &[GuestCmd], outputs: bool) -> Ri
     run
 }
 
-/// The `nvmq` binary of the tools crate, built next to this test's own target directory.
+/// The `nvmq` binary of the tools crate as the workspace's own test build makes it (the same
+/// profile and features as this test): `cargo test --workspace` built it before running any
+/// test, so in CI this rebuilds nothing. A plain `cargo build -p nvmq-tools` would compile the
+/// whole dependency tree a second time under the dev profile and features (minutes on a
+/// 2-core machine), and its unoptimized binary runs slowly in a TCG guest. Run alone (`cargo
+/// test -p nvmq-hw-test`), this builds the workspace's tests first.
 #[allow(dead_code)] // Not every test binary that includes this module boots nvmq.
 pub fn nvmq_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -51,11 +56,34 @@ pub fn nvmq_binary() -> PathBuf {
         .expect("target/<profile>/deps")
         .to_path_buf();
     let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-p", "nvmq-tools", "--bin", "nvmq"]);
+    cmd.args([
+        "test",
+        "--workspace",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
     if profile_dir.file_name().is_some_and(|n| n == "release") {
         cmd.arg("--release");
     }
-    let status = cmd.status().expect("running cargo build for nvmq");
-    assert!(status.success(), "cargo build -p nvmq-tools failed");
-    profile_dir.join("nvmq")
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("running cargo test --no-run for nvmq");
+    assert!(
+        out.status.success(),
+        "cargo test --workspace --no-run failed"
+    );
+    // The artifact of the `nvmq` bin target: its executable.
+    let found = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|m| {
+            m["reason"] == "compiler-artifact"
+                && m["target"]["name"] == "nvmq"
+                && m["target"]["kind"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|k| k == "bin"))
+        })
+        .and_then(|m| m["executable"].as_str().map(PathBuf::from));
+    found.expect("cargo reported no executable for the nvmq binary")
 }
