@@ -2,7 +2,8 @@
 //! device, driven by a real Kafka client (Debian's kcat, librdkafka): records produced with
 //! acks=all while the leader is SIGKILLed are all read back from the survivors, in order; the
 //! killed node comes back, catches up, and then holds everything itself (it serves after
-//! another node is killed). docs/cluster.md "Running a cluster".
+//! another node is killed). A leader cut off from the others (SIGSTOP) is replaced and rejoins
+//! with their history. docs/cluster.md "Running a cluster".
 
 mod common;
 
@@ -86,6 +87,25 @@ impl Cluster {
         up.join(",")
     }
 
+    /// Writes one more record and reads everything back (every node has then applied what the
+    /// leader had), stops the nodes cleanly, and checks that each device holds the partition
+    /// with as many records as were read: whichever node led, all agree (a node that applied
+    /// an entry twice, or skipped one, would not).
+    fn stop_and_compare(mut self, acked: usize) {
+        let mut p = produce(&self.bootstrap(), &records(acked..acked + 1));
+        assert!(p.wait().expect("kcat").success());
+        let last = self.read_all();
+        check(&last, acked + 1);
+        std::thread::sleep(Duration::from_millis(500));
+        for id in [1, 2, 3] {
+            if let Some(s) = self.nodes.remove(&id) {
+                s.sigterm();
+            }
+            let n = next_offset_on(&self.dir.join(format!("n{id}.img")));
+            assert_eq!(n, last.len() as u64, "node {id}'s device holds {n} records");
+        }
+    }
+
     /// Waits until the leader reports every node in sync (only the leader can tell).
     fn all_in_sync(&self) {
         let until = Instant::now() + PATIENCE;
@@ -158,12 +178,18 @@ fn records(range: std::ops::Range<usize>) -> String {
 }
 
 /// kcat's producer with acks=all and one request in flight (so that a retry after a failover
-/// cannot reorder), retrying for up to 60 s; true when every record was acknowledged.
+/// cannot reorder), retrying for up to 60 s; it exits 0 when every record was acknowledged.
 fn produce(bootstrap: &str, input: &str) -> std::process::Child {
+    produce_with(bootstrap, input, &[])
+}
+
+/// `produce` with more librdkafka settings (`key=value`).
+fn produce_with(bootstrap: &str, input: &str, settings: &[&str]) -> std::process::Child {
     let mut child = Command::new("kcat")
         .args(["-P", "-b", bootstrap, "-t", TOPIC, "-p", "0"])
         .args(["-X", "acks=all", "-X", "max.in.flight=1"])
         .args(["-X", "message.timeout.ms=60000", "-X", "linger.ms=5"])
+        .args(settings.iter().flat_map(|s| ["-X", s]))
         .stdin(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -292,21 +318,50 @@ fn acknowledged_records_survive_the_leader_killed_and_the_node_comes_back_holdin
         after.len()
     );
 
-    // Each device holds the same partition, whichever node led: stopped cleanly, the three
-    // agree on its length (a node that applied an entry twice, or skipped one, would not).
+    // Each device holds the same partition, whichever node led.
     c.up(other);
     c.all_in_sync();
-    // Every node has applied what the leader has once the leader's next write is read back.
-    let mut p = produce(&c.bootstrap(), &records(3400..3401));
+    c.stop_and_compare(3400);
+}
+
+/// A leader cut off from the others (frozen with SIGSTOP: its sockets stay open, it answers
+/// nothing) is replaced; what clients sent it meanwhile is never acknowledged, and once it runs
+/// again it steps down and ends with the others' history.
+#[test]
+fn a_leader_cut_off_from_the_others_is_replaced_and_rejoins_with_their_history() {
+    let _turn = one_at_a_time();
+    python();
+    let mut c = Cluster::start("cluster-serve-cut-off");
+    let first = c.leader();
+    let mut p = produce(&c.bootstrap(), &records(0..100));
+    assert!(p.wait().expect("kcat").success(), "producing to the cluster failed");
+
+    signal(&c.nodes[&first], "-STOP");
+    let survivors: Vec<&str> = c
+        .nodes
+        .keys()
+        .filter(|&&id| id != first)
+        .map(|id| c.kafka[id].as_str())
+        .collect();
+    // Clients that still take the frozen node for the leader time out there and ask again.
+    let mut p = produce_with(&survivors.join(","), &records(100..600), &["request.timeout.ms=2000"]);
+    let ok = p.wait().expect("kcat").success();
+    signal(&c.nodes[&first], "-CONT");
+    assert!(ok, "kcat gave up while the leader was cut off");
+    let second = c.leader();
+    println!("leader {first} cut off; node {second} leads");
+
+    c.all_in_sync();
+    let mut p = produce(&c.bootstrap(), &records(600..700));
     assert!(p.wait().expect("kcat").success());
-    let last = c.read_all();
-    check(&last, 3401);
-    std::thread::sleep(Duration::from_millis(500));
-    for id in [1, 2, 3] {
-        if let Some(s) = c.nodes.remove(&id) {
-            s.sigterm();
-        }
-        let n = next_offset_on(&c.dir.join(format!("n{id}.img")));
-        assert_eq!(n, last.len() as u64, "node {id}'s device holds {n} records");
-    }
+    c.stop_and_compare(700);
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`) to a node's process.
+fn signal(s: &Server, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &s.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill {sig} failed");
 }
