@@ -334,7 +334,10 @@ fn a_leader_cut_off_from_the_others_is_replaced_and_rejoins_with_their_history()
     let mut c = Cluster::start("cluster-serve-cut-off");
     let first = c.leader();
     let mut p = produce(&c.bootstrap(), &records(0..100));
-    assert!(p.wait().expect("kcat").success(), "producing to the cluster failed");
+    assert!(
+        p.wait().expect("kcat").success(),
+        "producing to the cluster failed"
+    );
 
     signal(&c.nodes[&first], "-STOP");
     let survivors: Vec<&str> = c
@@ -344,7 +347,11 @@ fn a_leader_cut_off_from_the_others_is_replaced_and_rejoins_with_their_history()
         .map(|id| c.kafka[id].as_str())
         .collect();
     // Clients that still take the frozen node for the leader time out there and ask again.
-    let mut p = produce_with(&survivors.join(","), &records(100..600), &["request.timeout.ms=2000"]);
+    let mut p = produce_with(
+        &survivors.join(","),
+        &records(100..600),
+        &["request.timeout.ms=2000"],
+    );
     let ok = p.wait().expect("kcat").success();
     signal(&c.nodes[&first], "-CONT");
     assert!(ok, "kcat gave up while the leader was cut off");

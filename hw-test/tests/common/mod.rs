@@ -65,6 +65,22 @@ pub fn nvmq_binary() -> PathBuf {
     if profile_dir.file_name().is_some_and(|n| n == "release") {
         cmd.arg("--release");
     }
+    // The variables cargo set for this test (its package's name, manifest dir, OUT_DIR...)
+    // must not reach the inner cargo: build scripts that watch them (ring's does) would see
+    // them changed and rebuild their crates and everything above them.
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("CARGO_PKG_")
+            || k.starts_with("CARGO_MANIFEST_")
+            || k.starts_with("CARGO_BIN_")
+            || matches!(
+                &*k,
+                "OUT_DIR" | "CARGO_CRATE_NAME" | "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR"
+            )
+        {
+            cmd.env_remove(&*k);
+        }
+    }
     let out = cmd
         .stderr(std::process::Stdio::inherit())
         .output()
