@@ -89,13 +89,15 @@ pub fn nvmq_binary() -> PathBuf {
         out.status.success(),
         "cargo test --workspace --no-run failed"
     );
-    // The artifact of the `nvmq` bin target: its executable.
+    // The artifact of the `nvmq` bin target built as the program, not as its unit-test
+    // harness (which cargo reports under the same target name).
     let found = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find(|m| {
             m["reason"] == "compiler-artifact"
                 && m["target"]["name"] == "nvmq"
+                && m["profile"]["test"] == false
                 && m["target"]["kind"]
                     .as_array()
                     .is_some_and(|k| k.iter().any(|k| k == "bin"))
