@@ -197,7 +197,9 @@ async fn wait_up(o: &RigOptions, since: Instant, create: bool, cycle: u32) -> Re
                             metadata_ok: since.elapsed(),
                         })
                     }
-                    Ok(Ok(wire::TopicState::Ready(n))) if cycle <= 1 => {
+                    // Only before the first cut: after one, a relaxed flush mode may have
+                    // lost a partition's creation (the arm below).
+                    Ok(Ok(wire::TopicState::Ready(n))) if create && cycle <= 1 => {
                         return Err(RigError::Option {
                             option: "--topic",
                             what: format!(
