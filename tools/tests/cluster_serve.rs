@@ -331,7 +331,7 @@ fn acknowledged_records_survive_the_leader_killed_and_the_node_comes_back_holdin
 fn a_leader_cut_off_from_the_others_is_replaced_and_rejoins_with_their_history() {
     let _turn = one_at_a_time();
     python();
-    let mut c = Cluster::start("cluster-serve-cut-off");
+    let c = Cluster::start("cluster-serve-cut-off");
     let first = c.leader();
     let mut p = produce(&c.bootstrap(), &records(0..100));
     assert!(
