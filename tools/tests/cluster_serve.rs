@@ -145,23 +145,33 @@ impl Cluster {
 
     /// Everything partition 0 holds, read by kcat through the running nodes (from the leader).
     fn read_all(&self) -> Vec<String> {
-        let out = kcat(
-            &[
-                "-C",
-                "-b",
-                &self.bootstrap(),
-                "-t",
-                TOPIC,
-                "-p",
-                "0",
-                "-o",
-                "beginning",
-                "-e",
-                "-f",
-                "%o %s\n",
-            ],
-            b"",
-        );
+        // A follower that has not applied the topic's creation yet answers Metadata with
+        // UNKNOWN_TOPIC_OR_PARTITION, as a Kafka broker whose metadata lags does, and kcat -C
+        // gives up on that: ask again for a while.
+        let until = Instant::now() + PATIENCE;
+        let out = loop {
+            let r = Command::new("kcat")
+                .args([
+                    "-C",
+                    "-b",
+                    &self.bootstrap(),
+                    "-t",
+                    TOPIC,
+                    "-p",
+                    "0",
+                    "-o",
+                    "beginning",
+                ])
+                .args(["-e", "-f", "%o %s\n"])
+                .stdin(Stdio::null())
+                .output()
+                .expect("kcat");
+            if r.status.success() {
+                break String::from_utf8_lossy(&r.stdout).to_string();
+            }
+            assert!(Instant::now() < until, "kcat -C kept failing");
+            std::thread::sleep(Duration::from_millis(200));
+        };
         out.lines()
             .enumerate()
             .map(|(i, l)| {
