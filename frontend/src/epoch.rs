@@ -27,10 +27,9 @@ const UNDEFINED: i32 = -1;
 pub fn current(b: &Broker) -> Option<i32> {
     match b.replica() {
         None => Some(LEADER_EPOCH),
-        Some(r) => {
-            let v = r.view();
-            (v.leader == Some(v.node_id)).then(|| i32::try_from(v.term).unwrap_or(i32::MAX))
-        }
+        Some(r) => r
+            .leader_term()
+            .map(|t| i32::try_from(t).unwrap_or(i32::MAX)),
     }
 }
 
@@ -84,12 +83,14 @@ pub fn offset_for_leader_epoch(
             match pid.and_then(|id| b.bounds(id)) {
                 _ if !allowed => e.error_code = codes::TOPIC_AUTHORIZATION_FAILED,
                 None => e.error_code = codes::UNKNOWN_TOPIC_OR_PARTITION,
-                Some((_, end)) => match (check_current(b, p.current_leader_epoch), current(b)) {
-                    (Some(code), _) => e.error_code = code,
-                    (None, None) => e.error_code = codes::NOT_LEADER_OR_FOLLOWER,
-                    (None, Some(now)) => {
-                        (e.leader_epoch, e.end_offset) = end_of(p.leader_epoch, now, end as i64)
-                    }
+                Some((_, end)) => match current(b) {
+                    None => e.error_code = codes::NOT_LEADER_OR_FOLLOWER,
+                    Some(now) => match check_against(p.current_leader_epoch, now) {
+                        Some(code) => e.error_code = code,
+                        None => {
+                            (e.leader_epoch, e.end_offset) = end_of(p.leader_epoch, now, end as i64)
+                        }
+                    },
                 },
             }
             tr.partitions.push(e);

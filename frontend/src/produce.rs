@@ -337,6 +337,23 @@ pub async fn produce(b: &Arc<Broker>, ctx: &Ctx, req: ProduceRequest) -> Reply {
     })
 }
 
+/// A partition's record batches as `batch::split` gives them: each one's header and bytes.
+type Batches<'r> = Vec<(crate::batch::BatchInfo, &'r [u8])>;
+
+/// The partition's record batches, split and checked, none larger than its limit.
+fn checked_batches<'r>(
+    b: &Broker,
+    pid: PartRef,
+    records: &'r [u8],
+    checks: &Checks,
+) -> Result<Batches<'r>, (i16, String)> {
+    let batches = batch::split(records, checks).map_err(|f| (f.code, f.what))?;
+    match oversized(&batches, b.batch_limit(pid)) {
+        Some(refused) => Err(refused),
+        None => Ok(batches),
+    }
+}
+
 /// Checks and queues the partition's batches in order; None when all are queued.
 async fn start_partition(
     b: &Broker,
@@ -345,17 +362,14 @@ async fn start_partition(
     checks: &Checks,
     waits: &mut Vec<Wait>,
 ) -> Option<(i16, String)> {
-    let batches = match batch::split(records, checks) {
+    let batches = match checked_batches(b, pid, records, checks) {
         Ok(v) => v,
-        Err(f) => return Some((f.code, f.what)),
+        Err(refused) => return Some(refused),
     };
     if b.cfg.ceiling {
         // Checked like any batch, answered without the log: the bench's ceiling.
         waits.extend(batches.iter().map(|_| Wait::Ceiling));
         return None;
-    }
-    if let Some(refused) = oversized(&batches, b.batch_limit(pid)) {
-        return Some(refused);
     }
     for (info, bytes) in batches {
         match b.producers.check(pid, &info) {
@@ -396,14 +410,11 @@ async fn start_replicated(
     checks: &Checks,
     waits: &mut Vec<Wait>,
 ) -> Option<(i16, String)> {
-    use crate::replica::{Command, WriteError};
-    let batches = match batch::split(records, checks) {
+    use crate::replica::{command, WriteError};
+    let batches = match checked_batches(b, pid, records, checks) {
         Ok(v) => v,
-        Err(f) => return Some((f.code, f.what)),
+        Err(refused) => return Some(refused),
     };
-    if let Some(refused) = oversized(&batches, b.batch_limit(pid)) {
-        return Some(refused);
-    }
     let partition = u32::try_from(index).unwrap_or(0);
     for (info, bytes) in batches {
         if info.producer_id >= 0 {
@@ -414,13 +425,9 @@ async fn start_replicated(
                     .into(),
             ));
         }
-        let cmd = Command::Produce {
-            topic: topic.to_string(),
-            partition,
-            span: info.span(),
-            batch: bytes.to_vec(),
-        };
-        match replica.submit(&cmd).await {
+        // Encoded straight from the request's bytes: the batch is copied once, into the entry.
+        let entry = command::encode_produce(topic, partition, info.span(), bytes);
+        match replica.submit_encoded(entry).await {
             Ok(answer) => waits.push(Wait::Replicated(Box::pin(answer))),
             Err(WriteError::NotLeader { leader }) => {
                 return Some((

@@ -122,10 +122,16 @@ impl Cluster {
 
     /// The leader the running nodes name in Metadata (kcat -L), once one is named.
     fn leader(&self) -> u64 {
+        self.leader_named_by(&self.bootstrap(), |_| true)
+    }
+
+    /// The running node the brokers of `bootstrap` name as leader, once they name one that
+    /// `wanted` takes.
+    fn leader_named_by(&self, bootstrap: &str, wanted: impl Fn(u64) -> bool) -> u64 {
         let until = Instant::now() + PATIENCE;
         loop {
             let out = Command::new("kcat")
-                .args(["-b", &self.bootstrap(), "-L", "-m", "5"])
+                .args(["-b", bootstrap, "-L", "-m", "5"])
                 .output()
                 .expect("kcat -L");
             let text = String::from_utf8_lossy(&out.stdout);
@@ -135,7 +141,7 @@ impl Cluster {
                 l.ends_with("(controller)")
                     .then(|| rest.split(' ').next()?.parse::<u64>().ok())?
             });
-            if let Some(id) = named.filter(|id| self.nodes.contains_key(id)) {
+            if let Some(id) = named.filter(|&id| self.nodes.contains_key(&id) && wanted(id)) {
                 return id;
             }
             assert!(Instant::now() < until, "no leader named: {text}");
@@ -362,10 +368,11 @@ fn a_leader_cut_off_from_the_others_is_replaced_and_rejoins_with_their_history()
         &records(100..600),
         &["request.timeout.ms=2000"],
     );
+    // While the old leader is still frozen, the survivors name one of themselves.
+    let second = c.leader_named_by(&survivors.join(","), |id| id != first);
     let ok = p.wait().expect("kcat").success();
     signal(&c.nodes[&first], "-CONT");
     assert!(ok, "kcat gave up while the leader was cut off");
-    let second = c.leader();
     println!("leader {first} cut off; node {second} leads");
 
     c.all_in_sync();

@@ -64,6 +64,28 @@ fn decode<'a, T: Deserialize<'a>>(what: &'static str, bytes: &'a [u8]) -> Result
     }
 }
 
+/// `Command::Produce` as borrowed parts: serialized to the same bytes (the same variant
+/// index, fields in the same order), so the leader need not copy a batch before encoding it.
+#[derive(Serialize)]
+enum ProduceRef<'a> {
+    Produce {
+        topic: &'a str,
+        partition: u32,
+        span: u32,
+        batch: &'a [u8],
+    },
+}
+
+/// The bytes of `Command::Produce { topic, partition, span, batch }`.
+pub fn encode_produce(topic: &str, partition: u32, span: u32, batch: &[u8]) -> Vec<u8> {
+    encode(&ProduceRef::Produce {
+        topic,
+        partition,
+        span,
+        batch,
+    })
+}
+
 impl Command {
     pub fn encode(&self) -> Vec<u8> {
         encode(self)
@@ -97,6 +119,7 @@ mod tests {
             batch: vec![1, 2, 3],
         };
         assert_eq!(Command::decode(&c.encode()).expect("decode"), c);
+        assert_eq!(encode_produce("t", 3, 2, &[1, 2, 3]), c.encode());
         let a = Answer::Refused {
             code: 3,
             why: "no such partition".into(),

@@ -118,7 +118,8 @@ impl Replica {
     }
 
     pub fn view(&self) -> View {
-        let m = self.raft.metrics().borrow_watched().clone();
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow_watched();
         let voters: Vec<u64> = m.membership_config.voter_ids().collect();
         let in_sync = match (&m.replication, m.state == ServerState::Leader) {
             (Some(rep), true) => {
@@ -147,12 +148,28 @@ impl Replica {
         self.raft.metrics().borrow_watched().state == ServerState::Leader
     }
 
+    /// The term while this node leads (every partition's leader epoch), else None: read on
+    /// every partition of a Fetch, so without `view`'s lists.
+    pub fn leader_term(&self) -> Option<u64> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow_watched();
+        (m.state == ServerState::Leader).then_some(m.current_term)
+    }
+
     /// Queues `cmd` in the group's log now (so that commands submitted one after another are
     /// applied in that order) and returns what waits for its answer: the command applied on
     /// this node, after a majority had it durable.
     pub async fn submit(
         &self,
         cmd: &Command,
+    ) -> Result<impl Future<Output = Result<Answer, WriteError>> + Send + 'static, WriteError> {
+        self.submit_encoded(cmd.encode()).await
+    }
+
+    /// `submit` of a command already encoded (`command::encode_produce`).
+    pub async fn submit_encoded(
+        &self,
+        entry: Vec<u8>,
     ) -> Result<impl Future<Output = Result<Answer, WriteError>> + Send + 'static, WriteError> {
         if !self.is_leader() {
             return Err(WriteError::NotLeader {
@@ -161,7 +178,7 @@ impl Replica {
         }
         let (responder, rx) = ProgressResponder::complete_only();
         self.raft
-            .client_write_ff(Request(cmd.encode()), Some(responder))
+            .client_write_ff(Request(entry), Some(responder))
             .await
             .map_err(|e| WriteError::Failed(e.to_string()))?;
         Ok(async move {
@@ -208,13 +225,6 @@ impl Replica {
 
 impl Drop for Replica {
     fn drop(&mut self) {
-        let rt = self
-            .runtime
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(rt) = rt {
-            rt.shutdown_background();
-        }
+        self.stop();
     }
 }
