@@ -262,6 +262,23 @@ impl GroupLog {
         Ok(due)
     }
 
+    /// The request bytes of the entries after `index` (all of them for None): how far a
+    /// follower whose log matches up to `index` is behind, in the bytes it still has to receive
+    /// (the normal entries' requests; blank and membership entries count none).
+    pub fn bytes_after(&self, index: Option<u64>) -> Result<u64, ClusterError> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let st = self.state("count the bytes behind")?;
+        let from = index.map_or(Unbounded, Excluded);
+        Ok(st
+            .entries
+            .range((from, Unbounded))
+            .map(|(_, e)| match &e.payload {
+                openraft::EntryPayload::Normal(r) => r.0.len() as u64,
+                _ => 0,
+            })
+            .sum())
+    }
+
     /// A copy of the group's state as its records built it (tests and diagnostics); refused,
     /// like every read, once the log failed under the group.
     pub fn current(&self) -> Result<GroupState, ClusterError> {

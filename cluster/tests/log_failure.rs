@@ -9,10 +9,9 @@ mod common;
 use std::fmt::Debug;
 use std::io;
 
-use common::Node;
+use common::{append, Node};
 use nvmq_cluster::{ClusterError, Entry, LogId, LogStore, Request, StateMachine, Vote};
-use openraft::storage::{IOFlushed, RaftLogStorage, RaftStateMachine};
-use openraft::type_config::TypeConfigExt;
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder};
 
 const GROUP: u32 = 6;
@@ -26,14 +25,6 @@ fn entry(index: u64) -> Entry {
         log_id: id(index),
         payload: EntryPayload::Normal(Request(format!("entry {index}").into_bytes())),
     }
-}
-
-/// Appends `entries` and waits for the flush callback; returns what it reported.
-async fn append(ls: &mut LogStore, entries: Vec<Entry>) -> io::Result<()> {
-    let (tx, rx) = nvmq_cluster::TypeConfig::oneshot();
-    ls.append(entries, IOFlushed::signal(tx)).await?;
-    rx.await
-        .map_err(|_| io::Error::other("append callback dropped"))?
 }
 
 /// `r` must be a refusal naming group `group` as stopped; anything else is reported.

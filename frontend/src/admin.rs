@@ -47,7 +47,10 @@ fn versions_body(error: i16, cluster: bool) -> ApiVersionsResponse {
     r.error_code = error;
     r.api_keys = TABLE
         .iter()
-        .filter(|a| !cluster || crate::replica::served(a.key))
+        .filter(|a| match cluster {
+            true => crate::replica::served(a.key),
+            false => !crate::replica::cluster_only(a.key),
+        })
         .map(|a| {
             let mut v = ApiVersion::default();
             v.api_key = a.key as i16;

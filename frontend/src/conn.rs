@@ -291,6 +291,9 @@ pub async fn dispatch(broker: &Arc<Broker>, ctx: &Ctx, mut frame: Bytes) -> Resu
         ApiKey::OffsetForLeaderEpoch => {
             epoch::offset_for_leader_epoch(b, &ctx, decode(&ctx, &mut frame)?)
         }
+        ApiKey::DescribeQuorum => {
+            crate::quorum_api::describe_quorum(b, &ctx, decode(&ctx, &mut frame)?)
+        }
         other => return Err(Refusal::UnknownApi(other as i16)),
     };
     Ok(reply)

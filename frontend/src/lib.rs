@@ -28,6 +28,7 @@ pub mod placement;
 pub mod produce;
 pub mod producer_snapshots;
 pub mod producers;
+pub mod quorum_api;
 pub mod reactor;
 pub mod records;
 pub mod replica;

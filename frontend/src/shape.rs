@@ -483,6 +483,10 @@ fn walk(api: ApiKey, v: i16, w: &mut Walk<'_>) -> R {
                 })
             })
         }
+        ApiKey::DescribeQuorum => w.structs(false, |w| {
+            w.string(false)?;
+            w.structs(false, |w| w.i32())
+        }),
         // ApiVersions v0-2: an empty body (Fetch: `fetch`). Every field is walked, so that in
         // flexible versions the tagged fields are found where the codec reads them.
         _ => Ok(()),

@@ -474,6 +474,17 @@ fn sample(api: ApiKey, v: i16) -> Option<Vec<u8>> {
             r.unknown_tagged_fields = extra;
             r.encode(&mut b, v)
         }
+        ApiKey::DescribeQuorum => {
+            let mut p = describe_quorum_request::PartitionData::default();
+            p.partition_index = 1;
+            let mut t = describe_quorum_request::TopicData::default();
+            t.topic_name = tn("__nvmq_raft");
+            t.partitions = vec![p.clone(), p];
+            let mut r = DescribeQuorumRequest::default();
+            r.topics = vec![t];
+            r.unknown_tagged_fields = extra;
+            r.encode(&mut b, v)
+        }
         other => panic!("{other:?} is served but has no sample here: add one"),
     };
     r.unwrap_or_else(|e| panic!("{api:?} v{v}: the sample does not encode: {e}"));

@@ -72,6 +72,8 @@ pub const TABLE: &[ApiRange] = &[
     api(ApiKey::DeleteGroups, 0, 2),
     api(ApiKey::OffsetDelete, 0, 0),
     api(ApiKey::DescribeCluster, 0, 2),
+    // A node of a cluster only (`replica::cluster_only`): the Raft group's voters.
+    api(ApiKey::DescribeQuorum, 0, 2),
 ];
 
 /// How a request's (key, version) stands against the table.

@@ -8,6 +8,7 @@ mod bench_inline;
 mod bench_recovery;
 mod check_storage;
 mod cluster_flags;
+mod cluster_status;
 mod config;
 mod describe;
 mod devspec;
@@ -17,6 +18,7 @@ mod inspect;
 mod kafka_bench;
 mod logging;
 mod metrics;
+mod metrics_cluster;
 mod mkfs;
 mod offline;
 mod plot;
@@ -24,6 +26,7 @@ mod progress;
 mod readonly;
 mod reference;
 mod serve;
+mod tls_client_flags;
 mod user;
 mod verify;
 
@@ -43,7 +46,8 @@ use clap::{CommandFactory, Parser, Subcommand};
     after_help = "Exit status: 0 success; 1 error (bad input, device refused, or by verify: a device serve \
 would refuse); 2 usage error; \
 3 damage found (inspect, verify); 4 storage judged broken (check-storage); 5 a device's \
-writer stopped after an I/O error (serve; restart it so that recovery runs).\n\
+writer stopped after an I/O error (serve; restart it so that recovery runs); 6 a voter of the \
+cluster is not in sync (cluster status).\n\
 Run `nvmq <command> --help` for each command's flags and examples."
 )]
 struct Cli {
@@ -91,6 +95,8 @@ enum Command {
     /// Add, remove and list ACL bindings (kept in the log, as CreateAcls keeps them) on a
     /// stopped broker's device.
     Acl(acl::AclArgs),
+    /// A running cluster as its leader sees it (`nvmq cluster status --bootstrap HOST:PORT`).
+    Cluster(cluster_status::ClusterArgs),
     /// Print the configuration reference (docs/config-reference.md) generated from these flags.
     #[command(hide = true)]
     ConfigReference,
@@ -110,6 +116,8 @@ pub enum Status {
     /// The device does not fit the log (verify): serve would refuse to open it, as it refuses
     /// any device it cannot use (status 1), even though the data checked out.
     Refused,
+    /// A voter of the cluster is not in sync with the leader (cluster status).
+    Lagging,
 }
 
 impl Status {
@@ -120,6 +128,7 @@ impl Status {
             Status::Damage => 3,
             Status::Broken => 4,
             Status::WriterStopped => 5,
+            Status::Lagging => 6,
         }
     }
 }
@@ -181,6 +190,7 @@ fn main() -> ExitCode {
         Command::KafkaBench(a) => kafka_bench::run(a).map(|()| Status::Ok),
         Command::User(a) => user::run(a),
         Command::Acl(a) => acl::run(a),
+        Command::Cluster(a) => cluster_status::run(a),
         Command::ConfigReference => {
             print!("{}", reference::render(&Cli::command()));
             Ok(Status::Ok)

@@ -29,6 +29,7 @@ pub struct Metrics {
     logs: Mutex<Vec<(Arc<Shared>, Geometry)>>,
     recovery: Mutex<Option<RecoveryFigures>>,
     front: Mutex<Option<FrontProbe>>,
+    cluster: Mutex<Option<ClusterProbe>>,
 }
 
 impl Default for Metrics {
@@ -42,6 +43,9 @@ type Reader<T> = fn(&DeviceFigures) -> T;
 
 /// Reads the front door's (connections open, refused, queued bytes).
 type FrontProbe = Box<dyn Fn() -> (usize, u64, usize) + Send + Sync>;
+
+/// Reads a node of a cluster's Raft group.
+type ClusterProbe = Box<dyn Fn() -> Option<frontend::replica::QuorumStatus> + Send + Sync>;
 
 /// A per-device series: name, help, and how to read it.
 type Series<T> = (&'static str, &'static str, Reader<T>);
@@ -71,6 +75,7 @@ impl Metrics {
             logs: Mutex::new(Vec::new()),
             recovery: Mutex::new(None),
             front: Mutex::new(None),
+            cluster: Mutex::new(None),
         }
     }
 
@@ -83,6 +88,14 @@ impl Metrics {
     /// The Kafka listener's connection and byte figures, once it runs.
     pub fn attach_front(&self, probe: impl Fn() -> (usize, u64, usize) + Send + Sync + 'static) {
         *lock(&self.front) = Some(Box::new(probe));
+    }
+
+    /// A node of a cluster: its Raft group's figures (`metrics_cluster`).
+    pub fn attach_cluster(
+        &self,
+        probe: impl Fn() -> Option<frontend::replica::QuorumStatus> + Send + Sync + 'static,
+    ) {
+        *lock(&self.cluster) = Some(Box::new(probe));
     }
 
     pub fn set_recovery(&self, r: &RecoveryReport) {
@@ -355,6 +368,9 @@ impl Metrics {
                     "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
                 );
             }
+        }
+        if let Some(st) = lock(&self.cluster).as_ref().and_then(|probe| probe()) {
+            crate::metrics_cluster::render(&mut out, &st);
         }
         out
     }

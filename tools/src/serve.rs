@@ -444,6 +444,11 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         }
     };
     metrics.attach_front(server.front_probe());
+    if let Some(replica) = server.broker().replica() {
+        // Weak: the scrape must not keep a stopped node's group alive.
+        let replica = Arc::downgrade(replica);
+        metrics.attach_cluster(move || replica.upgrade().map(|r| r.quorum_status()));
+    }
     let st = server.broker().startup();
     println!(
         "producer state: {} partitions from snapshots, {} replayed in full, {} records replayed, {} producers expired ({:.3} s)",

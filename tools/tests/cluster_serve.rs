@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::clients::{kcat, one_at_a_time, python, tmp, Server};
+use common::nvmq;
 
 const TOPIC: &str = "replicated";
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -371,14 +372,82 @@ fn a_leader_cut_off_from_the_others_is_replaced_and_rejoins_with_their_history()
     // While the old leader is still frozen, the survivors name one of themselves.
     let second = c.leader_named_by(&survivors.join(","), |id| id != first);
     let ok = p.wait().expect("kcat").success();
+    // `nvmq cluster status` through the survivors: the new leader sees the frozen node behind
+    // by what was acknowledged meanwhile, silent, and out of sync (exit 6).
+    let survivors = survivors.join(",");
+    let frozen = status_of(&survivors, 6);
+    println!("while node {first} is cut off: {frozen}");
+    assert_eq!(frozen["leader"], second, "{frozen}");
+    let v = voter(&frozen, first);
+    assert_eq!(v["in_sync"], false, "{frozen}");
+    assert!(v["entries_behind"].as_i64() >= Some(1), "{frozen}");
+    // 500 records of 5 to 7 bytes, at least, in the batches it lacks.
+    assert!(v["bytes_behind"].as_u64() >= Some(500 * 5), "{frozen}");
+    // Frozen, it cannot catch up: asked again 300 ms later, it has been behind 300 ms longer,
+    // and it has not answered (in this term, or for 300 ms more).
+    let behind = |s: &serde_json::Value| voter(s, first)["behind_ms"].as_i64().unwrap_or(-1);
+    let answered = |s: &serde_json::Value| voter(s, first)["last_answer_ms"].as_i64();
+    std::thread::sleep(Duration::from_millis(300));
+    let later = status_of(&survivors, 6);
+    assert!(behind(&frozen) > 0, "{frozen}");
+    assert!(behind(&later) >= behind(&frozen) + 300, "{frozen}\n{later}");
+    match (answered(&frozen), answered(&later)) {
+        (None, None) => {}
+        (Some(a), Some(b)) => assert!(b >= a + 300, "{frozen}\n{later}"),
+        _ => panic!("the frozen node answered: {frozen}\n{later}"),
+    }
+    for id in [1, 2, 3].into_iter().filter(|&id| id != first) {
+        assert_eq!(voter(&frozen, id)["in_sync"], true, "{frozen}");
+    }
     signal(&c.nodes[&first], "-CONT");
     assert!(ok, "kcat gave up while the leader was cut off");
     println!("leader {first} cut off; node {second} leads");
 
     c.all_in_sync();
+    // Asked of the node that was cut off (a follower now), the status comes from the leader:
+    // every voter in sync, nothing behind (exit 0).
+    let healed = status_of(&c.kafka[&first], 0);
+    assert_eq!(healed["leader"], second, "{healed}");
+    for id in [1, 2, 3] {
+        let v = voter(&healed, id);
+        assert_eq!(v["in_sync"], true, "{healed}");
+        assert_eq!(v["bytes_behind"], 0, "{healed}");
+    }
+    let table = nvmq(&["cluster", "status", "--bootstrap", &c.kafka[&first]]);
+    println!("{}", table.stdout);
+    assert!(
+        table.stdout.contains(&format!("leader node {second}")),
+        "{}",
+        table.stdout
+    );
     let mut p = produce(&c.bootstrap(), &records(600..700));
     assert!(p.wait().expect("kcat").success());
     c.stop_and_compare(700);
+}
+
+/// `nvmq cluster status --json` through `bootstrap`, which must exit with `code`.
+fn status_of(bootstrap: &str, code: i32) -> serde_json::Value {
+    let r = nvmq(&["cluster", "status", "--bootstrap", bootstrap, "--json"]);
+    assert_eq!(r.code, code, "cluster status: {}{}", r.stdout, r.stderr);
+    r.json()
+}
+
+/// Node `id`'s line of a status.
+fn voter(status: &serde_json::Value, id: u64) -> &serde_json::Value {
+    status["voters"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["node"] == id))
+        .unwrap_or_else(|| panic!("no voter {id} in {status}"))
+}
+
+/// A broker started without --peers has no quorum: `nvmq cluster status` says so (exit 1)
+/// rather than print an empty cluster.
+#[test]
+fn a_lone_broker_has_no_quorum_to_describe() {
+    let s = Server::start("sim:capacity=64M");
+    let r = nvmq(&["cluster", "status", "--bootstrap", &s.addr]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("runs alone"), "{}", r.stderr);
 }
 
 /// Sends `sig` (`-STOP`, `-CONT`) to a node's process.

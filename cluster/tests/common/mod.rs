@@ -3,13 +3,16 @@
 
 pub mod net;
 
+use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
 use blockdev::sim::{Latency, SimConfig, SimDevice, SimHandle};
-use nvmq_cluster::{open_group, ClusterError, LogStore, StateMachine};
+use nvmq_cluster::{open_group, ClusterError, Entry, LogStore, StateMachine};
 use nvmq_log::config::{FormatOptions, LogConfig};
 use nvmq_log::Log;
+use openraft::storage::{IOFlushed, RaftLogStorage};
+use openraft::type_config::TypeConfigExt;
 
 const MIB: u64 = 1 << 20;
 
@@ -97,4 +100,12 @@ impl Node {
             cfg,
         })
     }
+}
+
+/// Appends `entries` and waits for the flush callback; returns what it reported.
+pub async fn append(ls: &mut LogStore, entries: Vec<Entry>) -> io::Result<()> {
+    let (tx, rx) = nvmq_cluster::TypeConfig::oneshot();
+    ls.append(entries, IOFlushed::signal(tx)).await?;
+    rx.await
+        .map_err(|_| io::Error::other("append callback dropped"))?
 }

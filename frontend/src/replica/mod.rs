@@ -13,11 +13,12 @@
 mod applier;
 pub mod command;
 pub mod forward;
+pub mod quorum;
 mod start;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use nvmq_cluster::net::{GroupRaft, Node};
 use nvmq_cluster::openraft::async_runtime::WatchReceiver;
@@ -27,6 +28,7 @@ use nvmq_cluster::openraft::ServerState;
 use nvmq_cluster::Request;
 
 pub use command::{Answer, Command};
+pub use quorum::{QuorumStatus, VoterStatus};
 pub use start::start;
 
 /// Whether a node of a cluster serves `api`. Left out: the requests that change state the
@@ -48,6 +50,12 @@ pub fn served(api: kafka_protocol::messages::ApiKey) -> bool {
             | AlterUserScramCredentials
             | InitProducerId
     )
+}
+
+/// Whether `api` is served by a node of a cluster only (and so left out of a single broker's
+/// ApiVersions): DescribeQuorum, which describes the Raft group.
+pub fn cluster_only(api: kafka_protocol::messages::ApiKey) -> bool {
+    api == kafka_protocol::messages::ApiKey::DescribeQuorum
 }
 
 /// The one Raft group that carries every Kafka partition of the cluster (partition sets are
@@ -98,6 +106,8 @@ pub struct View {
 pub struct Replica {
     opts: ClusterOptions,
     raft: GroupRaft,
+    /// Where each voter stands (on the leader).
+    quorum: Arc<quorum::Quorum>,
     /// The transport; taken at stop.
     node: Mutex<Option<Node>>,
     /// The runtime the group and the transport run on; taken at stop.
@@ -142,6 +152,11 @@ impl Replica {
             voters,
             in_sync,
         }
+    }
+
+    /// The group as this node sees it; the voters' figures only on the leader.
+    pub fn quorum_status(&self) -> QuorumStatus {
+        self.quorum.status(self.opts.node_id, &self.raft)
     }
 
     pub fn is_leader(&self) -> bool {

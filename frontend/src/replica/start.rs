@@ -8,6 +8,7 @@ use nvmq_cluster::net::{Node, Peer};
 use nvmq_cluster::openraft::{BasicNode, Config, Raft, SnapshotPolicy};
 
 use super::applier::BrokerApplier;
+use super::quorum::Quorum;
 use super::{ClusterOptions, Replica, GROUP};
 use crate::broker::Broker;
 use crate::FrontendError;
@@ -60,7 +61,7 @@ pub fn start(broker: &Arc<Broker>, opts: &ClusterOptions) -> Result<Arc<Replica>
         })?;
     let log = broker.log().clone();
     let applier = Arc::new(BrokerApplier::new(Arc::downgrade(broker)));
-    let (node, raft) = runtime.block_on(async {
+    let (node, raft, quorum) = runtime.block_on(async {
         let node = Node::start(id, internal, me.kafka.clone())
             .await
             .map_err(|e| cluster_err(format!("node {id}: {e}")))?;
@@ -82,10 +83,12 @@ pub fn start(broker: &Arc<Broker>, opts: &ClusterOptions) -> Result<Arc<Replica>
         .await
         .map_err(|e| cluster_err(format!("opening the raft group: {e}")))?
         .map_err(|e| cluster_err(e.to_string()))?;
+        let quorum = Arc::new(Quorum::new(ls.group_log().clone()));
         let raft = Raft::new(id, config, node.network(GROUP), ls, sm)
             .await
             .map_err(|e| cluster_err(format!("starting the raft group: {e}")))?;
         node.add_group(GROUP, raft.clone());
+        tokio::spawn(quorum.clone().watch(raft.clone()));
         let initialized = raft
             .is_initialized()
             .await
@@ -102,13 +105,14 @@ pub fn start(broker: &Arc<Broker>, opts: &ClusterOptions) -> Result<Arc<Replica>
                 tracing::info!(node = id, outcome = %e, "raft group initialized elsewhere");
             }
         }
-        Ok::<_, FrontendError>((node, raft))
+        Ok::<_, FrontendError>((node, raft, quorum))
     })?;
     tracing::info!(node = id, internal = %node.addr(), members = opts.members.len(),
         "joined the cluster");
     Ok(Arc::new(Replica {
         opts: opts.clone(),
         raft,
+        quorum,
         node: Mutex::new(Some(node)),
         runtime: Mutex::new(Some(runtime)),
     }))

@@ -8,20 +8,20 @@
 //! the produce-to-consume table, `report.rs` the table and JSON, `scenario.rs` the scenario
 //! strings.
 
-mod dial;
+pub(crate) mod dial;
 mod e2e;
 mod load;
 mod report;
 mod scenario;
 mod wire;
 
-use std::path::PathBuf;
+pub(crate) use wire::error_name;
+
 use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use frontend::tls::ClientFiles;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
@@ -102,17 +102,9 @@ pub struct KafkaBenchArgs {
     /// Print the results as one JSON object (one line) instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Connect over TLS, trusting the CAs in this PEM file (the broker's certificate must name
-    /// the host of --broker). Measures what TLS costs against the same broker without it.
-    #[arg(long)]
-    pub tls_ca: Option<PathBuf>,
-    /// Present this client certificate (PEM) to a broker requiring one (mTLS); needs --tls-key
-    /// and --tls-ca.
-    #[arg(long, requires_all = ["tls_key", "tls_ca"])]
-    pub tls_cert: Option<PathBuf>,
-    /// The client certificate's private key (PEM).
-    #[arg(long, requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
+    /// TLS (measures what it costs against the same broker without it).
+    #[command(flatten)]
+    pub tls: crate::tls_client_flags::TlsClientFlags,
 }
 
 struct Bench {
@@ -164,10 +156,7 @@ pub fn run(args: KafkaBenchArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let files = args.tls_ca.clone().map(|ca| ClientFiles {
-        ca,
-        identity: args.tls_cert.clone().zip(args.tls_key.clone()),
-    });
+    let files = args.tls.files();
     let dial = Dial::new(&args.broker, files)?;
     let b = Bench {
         args,
