@@ -120,11 +120,18 @@ cd "$src/tests"
     printf 'metadata.broker.list=%s\ntest.timeout.multiplier=3\n' "$broker"
     for c in "${conf[@]}"; do printf '%s\n' "$c"; done
 } > test.conf
-failed=()
 # The suite changes itself when CI is set in the environment (test_on_ci: some tests skip, timeouts
 # grow), and a skip counts as a failure here; unset it so every machine runs the same suite.
 unset CI
-for t in "${tests[@]}"; do
+# Most of a test's time is waiting (on timeouts, rebalances, the socket emulator's delays), so a
+# few run at once: each is its own test-runner process with its own randomly named topics and
+# groups. NVMQ_LIBRDKAFKA_JOBS=1 runs them one after another.
+parallel=${NVMQ_LIBRDKAFKA_JOBS:-3}
+results="$work/results${kind:+-$kind}"
+rm -rf "$results"
+mkdir -p "$results"
+run_one() {
+    local t=$1 start log
     start=$(date +%s)
     log="$work/test-$t${kind:+-$kind}.log"
     # A test that skips itself also exits 0: only its PASSED line counts.
@@ -133,12 +140,21 @@ for t in "${tests[@]}"; do
         grep -q "Test ${t}_[A-Za-z0-9_]* PASSED" "$log"; then
         echo "librdkafka test $t${kind:+ ($kind)} passed ($(( $(date +%s) - start )) s)"
     else
-        echo "librdkafka test $t${kind:+ ($kind)} FAILED ($(( $(date +%s) - start )) s): see $log"
-        # The log's end says why (a skip, a failed assertion, a timeout) where CI shows only stdout.
-        grep -a -E "SKIPPING|FAIL|Test ${t}_" "$log" | sed 's/\x1b\[[0-9;]*m//g' | tail -n 15 || true
-        failed+=("$t")
+        # The log's end says why (a skip, a failed assertion, a timeout) where CI shows only
+        # stdout; one echo so that lines of tests running at once do not interleave.
+        echo "librdkafka test $t${kind:+ ($kind)} FAILED ($(( $(date +%s) - start )) s): see $log
+$(grep -a -E "SKIPPING|FAIL|Test ${t}_" "$log" | sed 's/\x1b\[[0-9;]*m//g' | tail -n 15)"
+        touch "$results/$t.failed"
     fi
+}
+for t in "${tests[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do
+        wait -n || true
+    done
+    run_one "$t" &
 done
+wait
+mapfile -t failed < <(cd "$results" && ls -- *.failed 2>/dev/null | sed 's/\.failed$//' | sort)
 if [ ${#failed[@]} -gt 0 ]; then
     echo "failed: ${failed[*]}"
     exit 1
