@@ -1,5 +1,5 @@
 //! The one version table: it is what ApiVersions advertises and what the request reader accepts.
-//! Every version in it is served (tests/advertised.rs sends each one a request).
+//! Every version in it is served (tests/suite/advertised.rs sends each one a request).
 //!
 //! Maxima are the newest versions the codec (kafka-protocol 0.18) decodes whose meaning nvmq
 //! serves whole, flexible (tagged-field) versions included, so current clients (librdkafka 2.x,
