@@ -12,7 +12,7 @@ use nvmq_log::state::{decode_create, Registry};
 use proptest::collection::vec;
 use proptest::prelude::*;
 
-mod fuzz_common;
+use crate::fuzz_common;
 use fuzz_common::{config, planted_superblock, FORMAT_ID};
 
 // ---------------------------------------------------------------------------------------------

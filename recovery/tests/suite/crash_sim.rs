@@ -17,7 +17,7 @@
 //! destroyed (`crash_sim/damage.rs`); a relaxed flush mode loses acknowledged records only within
 //! the window it states; no partition of an old format survives a format.
 
-#[path = "crash_sim/mod.rs"]
+#[path = "crash_sim_harness/mod.rs"]
 mod harness;
 
 use harness::{run, Knobs, Summary};
@@ -126,7 +126,7 @@ fn campaign(name: &str, salt: u64, default_cuts: u64, per_seed: u64, knobs: Knob
         match run(seed, cuts, knobs) {
             Ok(s) => sum.add(&s),
             Err(e) => panic!(
-                "{name}: {e}\nreplay: NVMQ_SEED={seed} NVMQ_CUTS={cuts} cargo test --release -p nvmq-recovery --test crash_sim {name}"
+                "{name}: {e}\nreplay: NVMQ_SEED={seed} NVMQ_CUTS={cuts} cargo test --release -p nvmq-recovery --test suite crash_sim::{name}"
             ),
         }
         seeds += 1;

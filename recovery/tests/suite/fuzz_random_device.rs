@@ -7,7 +7,7 @@ use blockdev::sim::{Rng, SimConfig, SimDevice};
 use nvmq_log::format::{superblock_offset, Superblock, FORMAT_VERSION, LOG_START};
 use proptest::prelude::*;
 
-mod fuzz_common;
+use crate::fuzz_common;
 use fuzz_common::{config, planted_superblock};
 
 // ---------------------------------------------------------------------------------------------

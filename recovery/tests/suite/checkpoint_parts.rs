@@ -16,7 +16,7 @@ use blockdev::sim::{Latency, Rng, SimClock, SimConfig, SimDevice, SimHandle};
 use blockdev::BlockDevice;
 use nvmq_log::{read_with, Appended, FormatOptions, LogConfig, LogError, Request, Writer};
 
-mod stepped;
+use crate::stepped;
 use stepped::{drive, now, stepped_read};
 
 const KIB: u64 = 1 << 10;

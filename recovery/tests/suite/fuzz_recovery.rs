@@ -21,10 +21,9 @@ use nvmq_log::Request;
 use proptest::collection::vec;
 use proptest::prelude::*;
 
-mod fuzz_common;
-mod fuzz_images;
-mod fuzz_mutations;
-mod stepped;
+use crate::fuzz_common;
+use crate::fuzz_images;
+use crate::fuzz_mutations;
 use fuzz_common::{cases, config};
 use fuzz_images::{
     drive, images, log_config, open_stepped, partitions, read_once, Snapshot, CAPACITY,

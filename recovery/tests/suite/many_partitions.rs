@@ -13,7 +13,7 @@ use blockdev::sim::{Latency, SimClock, SimConfig, SimDevice, SimHandle};
 use blockdev::BlockDevice;
 use nvmq_log::{Appended, FormatOptions, Log, LogConfig, LogError, Request, Writer};
 
-mod stepped;
+use crate::stepped;
 use stepped::drive_for;
 
 const KIB: u64 = 1 << 10;

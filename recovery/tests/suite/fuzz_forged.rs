@@ -10,8 +10,8 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-mod fuzz_common;
-mod stepped;
+use crate::fuzz_common;
+use crate::stepped;
 use fuzz_common::config;
 use stepped::drive;
 
