@@ -127,8 +127,8 @@ impl Quorum {
         self.history.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Samples the leader's last index whenever the group's metrics change, until the group
-    /// stops. Runs on the cluster's runtime.
+    /// Samples the leader's last index when the group's metrics change (at most once per
+    /// [`SAMPLE_EVERY`]), until the group stops. Runs on the cluster's runtime.
     pub async fn watch(self: std::sync::Arc<Self>, raft: GroupRaft) {
         let mut rx = raft.metrics();
         loop {
@@ -140,6 +140,9 @@ impl Quorum {
                     }
                 }
             }
+            // At most one wake per sample interval: the metrics change at every append and
+            // ack, and this task shares the group's runtime with openraft's core.
+            tokio::time::sleep(SAMPLE_EVERY).await;
             if rx.changed().await.is_err() {
                 return;
             }

@@ -1,0 +1,89 @@
+#!/bin/bash
+# cluster_cost.sh <nvmq binary> <scratch dir> [rounds, default 3]
+#
+# What replication costs (issue 13): nvmq kafka-bench closed:1 and closed:64 (100 B records,
+# acks=all, 8 partitions) against one `nvmq serve` and against a 3-node cluster (`--node-id`,
+# `--peers`, on loopback), every node on a fresh file device of its own, all on this machine, in
+# rounds that alternate the two so that the disk's drift hits them alike. The bench talks to the
+# cluster's leader (found with `nvmq cluster status`). Output: <scratch>/cluster-cost.jsonl, one
+# JSON object a line; cluster_cost_summary.py prints the medians and the ratios taken within
+# each round.
+set -euo pipefail
+if [ $# -lt 2 ]; then
+  echo "usage: $0 <nvmq binary> <scratch dir> [rounds]" >&2
+  exit 2
+fi
+bin=$(realpath "$1")
+mkdir -p "$2"
+scratch=$(realpath "$2")
+rounds=${3:-3}
+here=$(dirname "$(realpath "$0")")
+DURATION=${DURATION:-5s}
+SIZE=${SIZE:-2G}
+BASE=${BASE:-19300}
+out=$scratch/cluster-cost.jsonl
+: > "$out"
+
+children=()
+trap 'for p in "${children[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+
+# serve_start <log> <args...>: starts a broker and waits until it serves.
+serve_start() {
+  local log=$1; shift
+  "$bin" serve "$@" > "$log" 2>&1 &
+  local pid=$!
+  children+=("$pid")
+  for _ in $(seq 1 600); do
+    grep -q "nvmq serving Kafka on" "$log" && { pids+=("$pid"); return 0; }
+    kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
+    sleep 0.5
+  done
+  cat "$log" >&2; exit 1
+}
+stop_all() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+emit() { # <round> <config> <json>
+  python3 -c 'import json,sys; print(json.dumps({"round": int(sys.argv[1]), "config": sys.argv[2], "data": json.loads(sys.argv[3])}))' "$@" >> "$out"
+}
+bench() { # <round> <config> <broker>
+  local json
+  json=$("$bin" kafka-bench --broker "$3" --duration "$DURATION" --json \
+    --scenario closed:1,closed:64 --topic-prefix "kafka-bench-r$1")
+  emit "$1" "$2" "$json"
+}
+
+pids=()
+for r in $(seq 1 "$rounds"); do
+  # One broker.
+  dev="file:$scratch/single.img"
+  "$bin" format --device "$dev" --size "$SIZE" --force > /dev/null
+  serve_start "$scratch/single.log" --listen "127.0.0.1:$BASE" --device "$dev"
+  bench "$r" single "127.0.0.1:$BASE"
+  stop_all
+  # Three nodes.
+  peers=""
+  for id in 1 2 3; do
+    peers+="${peers:+,}$id=127.0.0.1:$((BASE + id))/127.0.0.1:$((BASE + 10 + id))"
+  done
+  for id in 1 2 3; do
+    dev="file:$scratch/n$id.img"
+    "$bin" format --device "$dev" --size "$SIZE" --force > /dev/null
+    serve_start "$scratch/n$id.log" --listen "127.0.0.1:$((BASE + id))" --device "$dev" \
+      --node-id "$id" --peers "$peers"
+  done
+  leader=""
+  for _ in $(seq 1 100); do
+    if st=$("$bin" cluster status --json --bootstrap "127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))" 2>/dev/null); then
+      leader=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["leader"])' "$st")
+      break
+    fi
+    sleep 0.2
+  done
+  [ -n "$leader" ] || { echo "no leader elected" >&2; exit 1; }
+  bench "$r" cluster "127.0.0.1:$((BASE + leader))"
+  stop_all
+done
+python3 "$here/cluster_cost_summary.py" "$out"
