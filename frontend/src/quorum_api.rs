@@ -31,7 +31,8 @@ pub const BYTES_BEHIND_TAG: i32 = 0x4e56;
 /// The topic a cluster's group is described as (the log partition its records are).
 pub const QUORUM_TOPIC: &str = nvmq_cluster::RAFT_TOPIC;
 
-fn ms_since_epoch(t: SystemTime) -> i64 {
+/// Wall-clock milliseconds since the Unix epoch (DescribeQuorum's timestamps).
+pub fn ms_since_epoch(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
@@ -74,10 +75,13 @@ fn partition_of(st: &QuorumStatus, now_ms: i64) -> PartitionData {
         r.log_end_offset = end_offset(v.matched);
         r.last_fetch_timestamp = v.last_answer.map_or(-1, |ago| ms_before(now_ms, ago));
         r.last_caught_up_timestamp = ms_before(now_ms, v.behind_for);
-        r.unknown_tagged_fields.insert(
-            BYTES_BEHIND_TAG,
-            Bytes::copy_from_slice(&v.bytes_behind.to_be_bytes()),
-        );
+        // Left out when the group's store stopped and cannot count them.
+        if let Some(bytes) = v.bytes_behind {
+            r.unknown_tagged_fields.insert(
+                BYTES_BEHIND_TAG,
+                Bytes::copy_from_slice(&bytes.to_be_bytes()),
+            );
+        }
         p.current_voters.push(r);
     }
     p

@@ -3,11 +3,11 @@
 //! long, when it last answered, in sync or not), asked of a running node with DescribeQuorum.
 //! A follower names the leader and where clients reach it; the command then asks the leader.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use anyhow::{anyhow, bail, Context, Result};
 use frontend::codes;
-use frontend::quorum_api::{BYTES_BEHIND_TAG, QUORUM_TOPIC};
+use frontend::quorum_api::{ms_since_epoch, BYTES_BEHIND_TAG, QUORUM_TOPIC};
 use frontend::replica::GROUP;
 use frontend::tls::ClientFiles;
 use kafka_protocol::messages::describe_quorum_request::{PartitionData, TopicData};
@@ -187,9 +187,7 @@ async fn ask(addr: &str, files: Option<ClientFiles>) -> Result<Answer> {
         .call(2, &request())
         .await
         .with_context(|| format!("DescribeQuorum to {addr}"))?;
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let now_ms = ms_since_epoch(SystemTime::now());
     read_answer(addr, &resp, now_ms)
 }
 
@@ -218,12 +216,7 @@ async fn find_leader(args: &ClusterArgs, files: &Option<ClientFiles>) -> Result<
 }
 
 fn fmt_bytes(b: Option<u64>) -> String {
-    match b {
-        None => "?".into(),
-        Some(b) if b < 1024 => format!("{b} B"),
-        Some(b) if b < 1 << 20 => format!("{:.1} KiB", b as f64 / 1024.0),
-        Some(b) => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-    }
+    b.map_or("?".into(), crate::describe::bytes)
 }
 
 fn fmt_ms(ms: Option<i64>) -> String {

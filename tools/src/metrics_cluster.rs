@@ -68,8 +68,8 @@ pub fn render(out: &mut String, st: &QuorumStatus) {
         ),
         (
             "nvmq_raft_voter_bytes_behind",
-            "On the leader: request bytes of the entries each voter does not hold yet.",
-            |v| v.bytes_behind as f64,
+            "On the leader: request bytes of the entries each voter does not hold yet (-1: the group stopped).",
+            |v| v.bytes_behind.map_or(-1.0, |b| b as f64),
         ),
         (
             "nvmq_raft_voter_behind_seconds",
@@ -108,7 +108,7 @@ mod tests {
         let voter = |id, matched, behind_ms, in_sync| VoterStatus {
             id,
             matched,
-            bytes_behind: 100 * id,
+            bytes_behind: Some(100 * id),
             last_answer: (id != 3).then_some(Duration::from_millis(5)),
             behind_for: Duration::from_millis(behind_ms),
             in_sync,

@@ -58,6 +58,12 @@ pub fn cluster_only(api: kafka_protocol::messages::ApiKey) -> bool {
     api == kafka_protocol::messages::ApiKey::DescribeQuorum
 }
 
+/// A voter is in sync when its log matches the leader's up to the committed index (Metadata's
+/// ISR, `cluster status`).
+fn in_sync(matched: Option<u64>, committed: Option<u64>) -> bool {
+    matched >= committed
+}
+
 /// The one Raft group that carries every Kafka partition of the cluster (partition sets are
 /// the plan, docs/cluster.md).
 pub const GROUP: u32 = 1;
@@ -139,7 +145,9 @@ impl Replica {
                     .copied()
                     .filter(|v| {
                         *v == self.opts.node_id
-                            || rep.get(v).is_some_and(|l| l.map(|l| l.index) >= committed)
+                            || rep
+                                .get(v)
+                                .is_some_and(|l| in_sync(l.map(|l| l.index), committed))
                     })
                     .collect()
             }
@@ -160,7 +168,7 @@ impl Replica {
     }
 
     pub fn is_leader(&self) -> bool {
-        self.raft.metrics().borrow_watched().state == ServerState::Leader
+        self.leader_term().is_some()
     }
 
     /// The term while this node leads (every partition's leader epoch), else None: read on

@@ -84,8 +84,9 @@ pub struct VoterStatus {
     pub id: u64,
     /// The last index its log matches the leader's at (the leader's own last index for itself).
     pub matched: Option<u64>,
-    /// Request bytes of the entries it does not hold yet.
-    pub bytes_behind: u64,
+    /// Request bytes of the entries it does not hold yet (None: the group's store stopped
+    /// and cannot count them).
+    pub bytes_behind: Option<u64>,
     /// Since its last answer to the leader (None: never answered this leader; zero for the
     /// leader itself).
     pub last_answer: Option<Duration>,
@@ -169,7 +170,6 @@ impl Quorum {
             return st;
         };
         let last = m.last_log_index.unwrap_or(0);
-        let committed = m.cluster_committed.map(|c| c.index);
         let history = self.history();
         for id in m.membership_config.voter_ids() {
             let me = id == node_id;
@@ -190,10 +190,10 @@ impl Quorum {
                 id,
                 matched,
                 // A store that stopped has no entries to count: the status still shows the rest.
-                bytes_behind: self.log.bytes_after(matched).unwrap_or(0),
+                bytes_behind: self.log.bytes_after(matched).ok(),
                 last_answer,
                 behind_for: history.behind_for(matched, last, now),
-                in_sync: me || matched >= committed,
+                in_sync: me || super::in_sync(matched, st.committed),
             });
         }
         st
