@@ -81,13 +81,18 @@ pub enum ClusterError {
     /// The node's applier refused a committed entry: its state no longer follows the group.
     #[error("raft group {group}: applying entry {index}: {why}")]
     Apply { group: u32, index: u64, why: String },
-    /// Snapshots of a group whose entries an applier turns into node state are not built (the
-    /// state is the node's partitions, not a copy the snapshot could carry).
+    /// The node's applier could not take its bookkeeping for a snapshot, or could not start
+    /// from a snapshot's (its devices lack what the snapshot counts).
     #[error(
-        "raft group {group}: {op}: refused, snapshots of a group applied to the node's \
-         partitions are not supported yet (its entries are kept instead of purged)"
+        "raft group {group}: {op} (entries through {}): {why}",
+        index.map_or_else(|| "none".to_string(), |i| i.to_string())
     )]
-    NoSnapshots { group: u32, op: &'static str },
+    Snapshot {
+        group: u32,
+        op: &'static str,
+        index: Option<u64>,
+        why: String,
+    },
     #[error("raft group {group}: {op}: the log writer stopped before answering")]
     NoAnswer { group: u32, op: &'static str },
     /// The log failed under the group (a write or flush error, a stopped writer, a write it

@@ -15,11 +15,11 @@ mod state_machine;
 mod store;
 mod types;
 
-pub use apply::{Applier, ApplyResult};
+pub use apply::{Applier, ApplyResult, Capture, Settled};
 pub use error::ClusterError;
 pub use log_store::{LogReader, LogStore};
 /// The pinned openraft, for the crates that drive a group.
 pub use openraft;
-pub use state_machine::{Applied, StateMachine};
+pub use state_machine::{Applied, Builder, StateMachine};
 pub use store::{open_applied_group, open_group, GroupLog, RAFT_TOPIC};
 pub use types::{Entry, LogId, Request, Response, SnapshotMeta, TypeConfig, Vote};

@@ -1,7 +1,9 @@
 //! The group's state machine: the applied requests by index, or, with an [`Applier`], the
 //! node's own state that the applier keeps (a Kafka partition's records). Its snapshots are
-//! records of the group's partition, durable before use. Like the log store, it refuses every
-//! call once the log failed under the group.
+//! records of the group's partition, durable before use; with an applier a snapshot carries the
+//! applier's bookkeeping only (the data stays on the node's devices) and is written once the
+//! entries it covers are durable there. Like the log store, it refuses every call once the log
+//! failed under the group.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -11,7 +13,7 @@ use futures::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, RaftSnapshotBuilder};
 
-use crate::apply::Applier;
+use crate::apply::{Applier, Settled};
 use crate::error::ClusterError;
 use crate::record::RaftRecord;
 use crate::store::{lock, GroupLog};
@@ -59,7 +61,7 @@ impl StateMachine {
             Some((meta, data)) => Applied {
                 last: meta.last_log_id,
                 membership: meta.last_membership,
-                data: decode_data(group.group(), &data)?,
+                data: restore(group.group(), applier.as_deref(), meta.last_log_id, &data)?,
             },
         };
         Ok(StateMachine {
@@ -75,15 +77,40 @@ impl StateMachine {
         Ok(lock(&self.applied))
     }
 
-    /// Snapshots carry `Applied::data`; an applier's state is the node's, not in them.
-    fn refuse_snapshots(&self, op: &'static str) -> Result<(), ClusterError> {
-        match self.applier {
-            Some(_) => Err(ClusterError::NoSnapshots {
-                group: self.group.group(),
-                op,
-            }),
-            None => Ok(()),
-        }
+    /// What the snapshot at the last applied entry holds: taken now, between two applies, so
+    /// that it describes exactly the entries up to it; the builder writes it once they are
+    /// durable.
+    fn capture(&self) -> Result<Builder, ClusterError> {
+        let op = "capture a snapshot";
+        let a = self.lock(op)?;
+        let meta = SnapshotMeta {
+            last_log_id: a.last,
+            last_membership: a.membership.clone(),
+        };
+        let (data, durable) = match &self.applier {
+            Some(applier) => {
+                let c = applier.capture().map_err(|why| ClusterError::Snapshot {
+                    group: self.group.group(),
+                    op,
+                    index: a.last.map(|l| l.index),
+                    why,
+                })?;
+                (c.data, Some(Mutex::new(c.durable)))
+            }
+            None => {
+                let pairs: Vec<(&u64, &Vec<u8>)> = a.data.iter().collect();
+                let data = serde_json::to_vec(&pairs).map_err(|e| ClusterError::Encode {
+                    group: self.group.group(),
+                    op,
+                    why: e.to_string(),
+                })?;
+                (data, None)
+            }
+        };
+        Ok(Builder {
+            group: self.group.clone(),
+            captured: Ok((meta, data, durable)),
+        })
     }
 
     /// What has been applied so far (a copy).
@@ -92,28 +119,67 @@ impl StateMachine {
     }
 }
 
-impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+/// Restores a snapshot's data: the applier's bookkeeping (kept by the applier, so nothing is
+/// returned), or the applied requests of a group without one.
+fn restore(
+    group: u32,
+    applier: Option<&dyn Applier>,
+    last: Option<LogId>,
+    data: &[u8],
+) -> Result<BTreeMap<u64, Vec<u8>>, ClusterError> {
+    match applier {
+        Some(applier) => {
+            applier
+                .restore(data)
+                .map_err(|why| ClusterError::Snapshot {
+                    group,
+                    op: "restore the snapshot",
+                    index: last.map(|l| l.index),
+                    why,
+                })?;
+            Ok(BTreeMap::new())
+        }
+        None => decode_data(group, data),
+    }
+}
+
+/// A snapshot taken and not yet written: its metadata, its data, and what resolves once the
+/// entries it covers are durable on the node (with an applier).
+pub struct Builder {
+    group: GroupLog,
+    /// The wait sits in a mutex only to make the builder `Sync`, as openraft asks; it is
+    /// taken out whole before it is awaited.
+    captured: Result<Captured, ClusterError>,
+}
+
+/// A snapshot's metadata, its data, and the wait for its entries to be durable (with an
+/// applier).
+type Captured = (SnapshotMeta, Vec<u8>, Option<Mutex<Settled>>);
+
+impl RaftSnapshotBuilder<TypeConfig> for Builder {
     type SnapshotData = Vec<u8>;
 
     /// Writes the snapshot to the log and returns it once durable: openraft may purge the
-    /// entries it covers as soon as it has it.
+    /// entries it covers as soon as it has it. With an applier, the snapshot is written only
+    /// after every batch it counts is durable on the node's devices.
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        self.refuse_snapshots("build snapshot")?;
-        let (meta, data) = {
-            let a = self.lock("build snapshot")?;
-            let pairs: Vec<(&u64, &Vec<u8>)> = a.data.iter().collect();
-            let data = serde_json::to_vec(&pairs).map_err(io::Error::other)?;
-            let meta = SnapshotMeta {
-                last_log_id: a.last,
-                last_membership: a.membership.clone(),
-            };
-            (meta, data)
-        };
+        let op = "build snapshot";
+        let placeholder = Err(ClusterError::NoAnswer {
+            group: self.group.group(),
+            op,
+        });
+        let (meta, data, durable) = std::mem::replace(&mut self.captured, placeholder)?;
+        if let Some(durable) = durable {
+            let durable = durable.into_inner().unwrap_or_else(|p| p.into_inner());
+            durable.await.map_err(|why| ClusterError::Snapshot {
+                group: self.group.group(),
+                op: "wait for the snapshot's entries to be durable",
+                index: meta.last_log_id.map(|l| l.index),
+                why,
+            })?;
+        }
         self.group
-            .write_durable(
-                RaftRecord::Snapshot(meta.clone(), data.clone()),
-                "build snapshot",
-            )
+            .write_durable(RaftRecord::Snapshot(meta.clone(), data.clone()), op)
             .await?;
         Ok(Snapshot {
             meta,
@@ -124,7 +190,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotData = Vec<u8>;
-    type SnapshotBuilder = StateMachine;
+    type SnapshotBuilder = Builder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
         let a = self.lock("read the applied state")?;
@@ -170,8 +236,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(())
     }
 
-    async fn get_snapshot_builder(&mut self) -> StateMachine {
-        self.clone()
+    /// Taken in openraft's state machine worker, between two applies (the build itself runs in
+    /// a task of its own): the capture describes exactly the entries applied so far.
+    async fn get_snapshot_builder(&mut self) -> Builder {
+        match self.capture() {
+            Ok(b) => b,
+            Err(e) => Builder {
+                group: self.group.clone(),
+                captured: Err(e),
+            },
+        }
     }
 
     /// Durable before the state is replaced: a crash in between leaves the old state and the
@@ -181,12 +255,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta,
         data: Vec<u8>,
     ) -> Result<(), io::Error> {
-        self.refuse_snapshots("install snapshot")?;
-        let decoded = decode_data(self.group.group(), &data)?;
+        let op = "install snapshot";
+        self.group.healthy(op)?;
+        // Restored first: a node that lacks what the snapshot counts refuses it, by name,
+        // before anything is written.
+        let decoded = restore(
+            self.group.group(),
+            self.applier.as_deref(),
+            meta.last_log_id,
+            &data,
+        )?;
         self.group
-            .write_durable(RaftRecord::Snapshot(meta.clone(), data), "install snapshot")
+            .write_durable(RaftRecord::Snapshot(meta.clone(), data), op)
             .await?;
-        *self.lock("install snapshot")? = Applied {
+        *self.lock(op)? = Applied {
             last: meta.last_log_id,
             membership: meta.last_membership.clone(),
             data: decoded,

@@ -279,6 +279,12 @@ impl GroupLog {
             .sum())
     }
 
+    /// How many entries the group's log holds (past its purge point): what the store keeps in
+    /// memory.
+    pub fn entries_held(&self) -> Result<u64, ClusterError> {
+        Ok(self.state("count the entries held")?.entries.len() as u64)
+    }
+
     /// A copy of the group's state as its records built it (tests and diagnostics); refused,
     /// like every read, once the log failed under the group.
     pub fn current(&self) -> Result<GroupState, ClusterError> {
@@ -341,8 +347,8 @@ pub fn open_group(log: Arc<Log>, group: u32) -> Result<(LogStore, StateMachine),
 }
 
 /// Like [`open_group`], with committed normal entries handed to `applier` (the node's own
-/// state) instead of kept by the state machine. Snapshots are refused
-/// ([`ClusterError::NoSnapshots`]): run the group with openraft's snapshot policy `Never`.
+/// state) instead of kept by the state machine. Snapshots carry the applier's bookkeeping
+/// ([`crate::Applier::capture`]); the newest durable one is restored into the applier here.
 pub fn open_applied_group(
     log: Arc<Log>,
     group: u32,

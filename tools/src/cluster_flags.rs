@@ -41,6 +41,7 @@ pub fn parse(
     node_id: Option<u64>,
     peers: &[String],
     insecure_network: bool,
+    compact_every: u64,
 ) -> Result<Option<ClusterOptions>> {
     let Some(node_id) = node_id else {
         if peers.is_empty() {
@@ -81,7 +82,11 @@ pub fn parse(
             }
         }
     }
-    Ok(Some(ClusterOptions { node_id, members }))
+    Ok(Some(ClusterOptions {
+        node_id,
+        members,
+        compact_every,
+    }))
 }
 
 #[cfg(test)]
@@ -97,14 +102,14 @@ mod tests {
 
     #[test]
     fn a_cluster_of_three_on_loopback_parses() {
-        let c = parse(Some(2), &peers(THREE), false)
+        let c = parse(Some(2), &peers(THREE), false, 4096)
             .expect("parse")
             .expect("a cluster");
         assert_eq!(c.node_id, 2);
         assert_eq!(c.members.len(), 3);
         assert_eq!(c.members[&3].kafka, "127.0.0.1:9094");
         assert_eq!(c.members[&3].internal, "127.0.0.1:9194");
-        assert_eq!(parse(None, &[], false).expect("no cluster"), None);
+        assert_eq!(parse(None, &[], false, 4096).expect("no cluster"), None);
     }
 
     #[test]
@@ -146,11 +151,11 @@ mod tests {
             ),
         ];
         for (id, p, want) in cases {
-            let e = parse(*id, &peers(p), false).expect_err(p);
+            let e = parse(*id, &peers(p), false, 4096).expect_err(p);
             let e = format!("{e:#}");
             assert!(e.contains(want), "{p}: {e:?} lacks {want:?}");
         }
         let open = "1=a:1/127.0.0.1:2,2=a:1/127.0.0.1:3,3=a:1/10.1.2.3:4";
-        assert!(parse(Some(1), &peers(open), true).is_ok());
+        assert!(parse(Some(1), &peers(open), true, 4096).is_ok());
     }
 }

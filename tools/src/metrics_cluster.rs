@@ -14,7 +14,7 @@ fn index(i: Option<u64>) -> f64 {
 
 pub fn render(out: &mut String, st: &QuorumStatus) {
     let g = format!("group=\"{GROUP}\"");
-    let group: [(&str, &str, f64); 6] = [
+    let group: [(&str, &str, f64); 9] = [
         (
             "nvmq_raft_term",
             "The group's Raft term: every partition's leader epoch.",
@@ -44,6 +44,21 @@ pub fn render(out: &mut String, st: &QuorumStatus) {
             "nvmq_raft_applied_index",
             "The last index this node applied to its partitions.",
             index(st.applied),
+        ),
+        (
+            "nvmq_raft_snapshot_index",
+            "The last index this node's newest snapshot covers (-1: none).",
+            index(st.snapshot),
+        ),
+        (
+            "nvmq_raft_purged_index",
+            "The last index this node purged from its log (-1: none).",
+            index(st.purged),
+        ),
+        (
+            "nvmq_raft_log_entries",
+            "The entries this node's log holds, in memory too (-1: its store stopped).",
+            st.entries_held.map_or(-1.0, |n| n as f64),
         ),
     ];
     for (name, help, v) in group {
@@ -121,6 +136,9 @@ mod tests {
             last_index: Some(40),
             committed: Some(38),
             applied: Some(38),
+            snapshot: Some(30),
+            purged: Some(20),
+            entries_held: Some(20),
             voters: vec![
                 voter(1, Some(40), 0, true),
                 voter(2, Some(38), 20, true),
@@ -134,6 +152,9 @@ mod tests {
             "nvmq_raft_leader{group=\"1\"} 1",
             "nvmq_raft_is_leader{group=\"1\"} 1",
             "nvmq_raft_committed_index{group=\"1\"} 38",
+            "nvmq_raft_snapshot_index{group=\"1\"} 30",
+            "nvmq_raft_purged_index{group=\"1\"} 20",
+            "nvmq_raft_log_entries{group=\"1\"} 20",
             "nvmq_raft_voter_matched_index{group=\"1\",voter=\"2\"} 38",
             "nvmq_raft_voter_matched_index{group=\"1\",voter=\"3\"} -1",
             "nvmq_raft_voter_bytes_behind{group=\"1\",voter=\"3\"} 300",
@@ -156,6 +177,9 @@ mod tests {
             last_index: None,
             committed: None,
             applied: None,
+            snapshot: None,
+            purged: None,
+            entries_held: None,
             voters: Vec::new(),
         };
         let mut out = String::new();
@@ -163,6 +187,10 @@ mod tests {
         assert!(out.contains("nvmq_raft_leader{group=\"1\"} -1\n"), "{out}");
         assert!(
             out.contains("nvmq_raft_last_index{group=\"1\"} -1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("nvmq_raft_log_entries{group=\"1\"} -1\n"),
             "{out}"
         );
         assert!(!out.contains("voter="), "{out}");

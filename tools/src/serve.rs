@@ -137,6 +137,12 @@ pub struct ServeArgs {
     /// --insecure-network). Give every node the same list.
     #[arg(long, value_delimiter = ',', requires = "node_id")]
     pub peers: Vec<String>,
+    /// In a cluster: how many entries the Raft log keeps past what every node holds before
+    /// each node snapshots its bookkeeping and purges them (docs/cluster.md "Snapshots and
+    /// compaction"). A node that is down keeps every node's log growing until it returns. 0:
+    /// never purge.
+    #[arg(long, default_value_t = frontend::replica::COMPACT_EVERY)]
+    pub raft_compact_entries: u64,
     /// Benchmark ceiling: answer Produce (decoded and checked as always) without touching the
     /// log, so nothing is stored. Shows what the request/response path alone allows; for
     /// `kafka-bench` comparisons only.
@@ -270,7 +276,12 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         bail!("--default-partitions must be at least 1");
     }
     // Kafka's setting is an int of milliseconds; clients read it back through DescribeConfigs.
-    let cluster = crate::cluster_flags::parse(args.node_id, &args.peers, args.insecure_network)?;
+    let cluster = crate::cluster_flags::parse(
+        args.node_id,
+        &args.peers,
+        args.insecure_network,
+        args.raft_compact_entries,
+    )?;
     if cluster.is_some() && args.ceiling {
         bail!("--ceiling answers without the log: it cannot run as a node of a cluster");
     }

@@ -3,7 +3,9 @@
 //! acks=all while the leader is SIGKILLed are all read back from the survivors, in order; the
 //! killed node comes back, catches up, and then holds everything itself (it serves after
 //! another node is killed). A leader cut off from the others (SIGSTOP) is replaced and rejoins
-//! with their history. docs/cluster.md "Running a cluster".
+//! with their history. Throughout, the nodes compact the group's log (a snapshot of their
+//! bookkeeping, then a purge) every few entries, never past what every node holds; a node
+//! restarts from its snapshot. docs/cluster.md "Running a cluster", "Snapshots and compaction".
 
 mod common;
 
@@ -14,10 +16,16 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::clients::{kcat, one_at_a_time, python, tmp, Server};
-use common::nvmq;
+use common::{metric, nvmq, try_scrape};
 
 const TOPIC: &str = "replicated";
 const PATIENCE: Duration = Duration::from_secs(60);
+/// `--raft-compact-entries`: small, so that the tests' few hundred entries compact many times.
+const COMPACT_EVERY: u64 = 4;
+/// Entries a node's log may hold once idle: what has not reached the next compaction point,
+/// the compaction entry itself, a new term's blank entry, and the entries behind a floor the
+/// leader wrote before the last few applied.
+const IDLE_ENTRIES: f64 = (3 * COMPACT_EVERY) as f64;
 
 fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("binding a free port");
@@ -27,6 +35,7 @@ fn free_port() -> u16 {
 struct Cluster {
     dir: std::path::PathBuf,
     kafka: BTreeMap<u64, String>,
+    metrics: BTreeMap<u64, String>,
     peers: String,
     nodes: BTreeMap<u64, Server>,
 }
@@ -35,15 +44,18 @@ impl Cluster {
     fn start(name: &str) -> Cluster {
         let dir = tmp(name);
         let mut kafka = BTreeMap::new();
+        let mut metrics = BTreeMap::new();
         let mut peers = Vec::new();
         for id in 1..=3u64 {
             let k = format!("127.0.0.1:{}", free_port());
             peers.push(format!("{id}={k}/127.0.0.1:{}", free_port()));
             kafka.insert(id, k);
+            metrics.insert(id, format!("127.0.0.1:{}", free_port()));
         }
         let mut c = Cluster {
             dir,
             kafka,
+            metrics,
             peers: peers.join(","),
             nodes: BTreeMap::new(),
         };
@@ -57,6 +69,7 @@ impl Cluster {
     fn up(&mut self, id: u64) {
         let device = format!("file:{}", self.dir.join(format!("n{id}.img")).display());
         let id_s = id.to_string();
+        let every = COMPACT_EVERY.to_string();
         let s = Server::spawn(&[
             "--listen",
             &self.kafka[&id],
@@ -68,6 +81,10 @@ impl Cluster {
             &id_s,
             "--peers",
             &self.peers,
+            "--metrics-addr",
+            &self.metrics[&id],
+            "--raft-compact-entries",
+            &every,
         ]);
         self.nodes.insert(id, s);
     }
@@ -104,6 +121,36 @@ impl Cluster {
             }
             let n = next_offset_on(&self.dir.join(format!("n{id}.img")));
             assert_eq!(n, last.len() as u64, "node {id}'s device holds {n} records");
+        }
+    }
+
+    /// A `nvmq_raft_*` gauge of node `id` (None while its /metrics does not answer).
+    fn raft(&self, id: u64, name: &str) -> Option<f64> {
+        let body = try_scrape(&self.metrics[&id]).ok()?;
+        Some(metric(&body, &format!("nvmq_raft_{name}{{group=\"1\"}}")))
+    }
+
+    /// Waits until each of `ids` purged its log past `past` and holds at most [`IDLE_ENTRIES`]:
+    /// the log stays bounded while records keep coming. Returns each node's purge point.
+    fn compacted(&self, ids: &[u64], past: f64) -> BTreeMap<u64, f64> {
+        let until = Instant::now() + PATIENCE;
+        loop {
+            let seen: BTreeMap<u64, (f64, f64)> = ids
+                .iter()
+                .map(|&id| {
+                    let purged = self.raft(id, "purged_index").unwrap_or(-1.0);
+                    let held = self.raft(id, "log_entries").unwrap_or(f64::MAX);
+                    (id, (purged, held))
+                })
+                .collect();
+            if seen.values().all(|&(p, h)| p > past && h <= IDLE_ENTRIES) {
+                return seen.into_iter().map(|(id, (p, _))| (id, p)).collect();
+            }
+            assert!(
+                Instant::now() < until,
+                "the nodes did not compact past {past} (purged, entries held): {seen:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 
@@ -281,13 +328,17 @@ fn acknowledged_records_survive_the_leader_killed_and_the_node_comes_back_holdin
     let mut c = Cluster::start("cluster-serve");
     let first = c.leader();
 
-    // 300 records acknowledged by a majority with every node up.
-    let mut p = produce(&c.bootstrap(), &records(0..300));
+    // 300 records acknowledged by a majority with every node up, in batches of at most 20
+    // (so in at least 15 entries).
+    let mut p = produce_with(&c.bootstrap(), &records(0..300), &["batch.num.messages=20"]);
     assert!(
         p.wait().expect("kcat").success(),
         "producing to the cluster failed"
     );
     check(&c.read_all(), 300);
+    // Each node snapshotted and purged what all three hold.
+    let purged = c.compacted(&[1, 2, 3], 0.0);
+    println!("after 300 records, purged through {purged:?}");
 
     // 3000 more, while the leader is SIGKILLed mid-way: every record kcat got acknowledged is
     // on the two survivors.
@@ -306,9 +357,16 @@ fn acknowledged_records_survive_the_leader_killed_and_the_node_comes_back_holdin
     let read = c.read_all();
     check(&read, 3300);
 
-    // The killed node comes back from its device, catches up, and has every record: with
-    // another node killed, it is one of the two that serve.
+    // The killed node comes back from its device, starting from its snapshot (its log was
+    // purged, so there is nothing to replay before it), catches up, and has every record:
+    // with another node killed, it is one of the two that serve.
     c.up(first);
+    let snapshot = c.raft(first, "snapshot_index").unwrap_or(-1.0);
+    assert!(
+        snapshot >= purged[&first],
+        "node {first} restarted without the snapshot through {} it took: {snapshot}",
+        purged[&first]
+    );
     let mut p = produce(&c.bootstrap(), &records(3300..3400));
     assert!(
         p.wait().expect("kcat").success(),
@@ -335,9 +393,12 @@ fn acknowledged_records_survive_the_leader_killed_and_the_node_comes_back_holdin
         after.len()
     );
 
-    // Each device holds the same partition, whichever node led.
+    // Each device holds the same partition, whichever node led; compaction went on through
+    // the failovers.
     c.up(other);
     c.all_in_sync();
+    let later = c.compacted(&[1, 2, 3], purged.values().copied().fold(0.0, f64::max));
+    println!("after the failovers, purged through {later:?}");
     c.stop_and_compare(3400);
 }
 
@@ -350,12 +411,16 @@ fn a_leader_cut_off_from_the_others_is_replaced_and_rejoins_with_their_history()
     python();
     let c = Cluster::start("cluster-serve-cut-off");
     let first = c.leader();
-    let mut p = produce(&c.bootstrap(), &records(0..100));
+    let mut p = produce_with(&c.bootstrap(), &records(0..100), &["batch.num.messages=10"]);
     assert!(
         p.wait().expect("kcat").success(),
         "producing to the cluster failed"
     );
 
+    // Compacted and idle: what the node about to be cut off holds is its last index now.
+    c.compacted(&[1, 2, 3], 0.0);
+    std::thread::sleep(Duration::from_millis(500));
+    let held = c.raft(first, "last_index").unwrap_or(-1.0);
     signal(&c.nodes[&first], "-STOP");
     let survivors: Vec<&str> = c
         .nodes
@@ -399,6 +464,15 @@ fn a_leader_cut_off_from_the_others_is_replaced_and_rejoins_with_their_history()
     for id in [1, 2, 3].into_iter().filter(|&id| id != first) {
         assert_eq!(voter(&frozen, id)["in_sync"], true, "{frozen}");
     }
+    // Nobody purged what the frozen node lacks: whichever of them leads later, it can still be
+    // sent those entries.
+    for id in [1, 2, 3].into_iter().filter(|&id| id != first) {
+        let purged = c.raft(id, "purged_index").unwrap_or(f64::MAX);
+        assert!(
+            purged <= held,
+            "node {id} purged through {purged}, past the frozen node's {held}"
+        );
+    }
     signal(&c.nodes[&first], "-CONT");
     assert!(ok, "kcat gave up while the leader was cut off");
     println!("leader {first} cut off; node {second} leads");
@@ -422,6 +496,8 @@ fn a_leader_cut_off_from_the_others_is_replaced_and_rejoins_with_their_history()
     );
     let mut p = produce(&c.bootstrap(), &records(600..700));
     assert!(p.wait().expect("kcat").success());
+    // Caught up, it lets every node compact past where it stood.
+    c.compacted(&[1, 2, 3], held);
     c.stop_and_compare(700);
 }
 

@@ -12,7 +12,7 @@ use std::io;
 use common::{append, Node};
 use nvmq_cluster::{ClusterError, Entry, LogId, LogStore, Request, StateMachine, Vote};
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
-use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder};
+use openraft::{RaftLogReader, RaftSnapshotBuilder};
 
 const GROUP: u32 = 6;
 
@@ -21,10 +21,7 @@ fn id(index: u64) -> LogId {
 }
 
 fn entry(index: u64) -> Entry {
-    Entry {
-        log_id: id(index),
-        payload: EntryPayload::Normal(Request(format!("entry {index}").into_bytes())),
-    }
+    common::normal(2, index, format!("entry {index}").into_bytes())
 }
 
 /// `r` must be a refusal naming group `group` as stopped; anything else is reported.

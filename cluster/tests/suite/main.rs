@@ -4,6 +4,7 @@
 
 mod common;
 
+mod applier_snapshot;
 mod bytes_behind;
 mod cluster;
 mod conformance;

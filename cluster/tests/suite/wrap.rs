@@ -38,7 +38,11 @@ async fn set_up(ls: &mut LogStore, sm: &mut StateMachine) -> Result<(), String> 
         .map_err(e)?;
     let items: Vec<_> = entries[..2].iter().map(|e| Ok((e.clone(), None))).collect();
     sm.apply(futures::stream::iter(items)).await.map_err(e)?;
-    sm.build_snapshot().await.map_err(e)?;
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .map_err(e)?;
     ls.purge(id(5, 2)).await.map_err(e)?;
     ls.save_committed(Some(id(5, 2))).await.map_err(e)?;
     Ok(())

@@ -21,6 +21,10 @@ pub enum Command {
         partitions: u32,
         configs: Vec<(String, String)>,
     },
+    /// Every voter's log held the entries up to `upto` when the leader wrote this: each node may
+    /// purge them once a snapshot of its own covers them (`compact`), and no voter, whichever
+    /// leads later, will need them again.
+    Compact { upto: u64 },
 }
 
 /// What applying a command answered (to the node that wrote it).
@@ -32,6 +36,8 @@ pub enum Answer {
     Created { created: bool },
     /// A Kafka error code and why: the command applied to nothing, on every node alike.
     Refused { code: i16, why: String },
+    /// Taken note of (a `Compact`).
+    Noted,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +131,8 @@ mod tests {
             why: "no such partition".into(),
         };
         assert_eq!(Answer::decode(&a.encode()).expect("decode"), a);
+        let k = Command::Compact { upto: 1 << 40 };
+        assert_eq!(Command::decode(&k.encode()).expect("decode"), k);
         let mut long = c.encode();
         long.push(0);
         let e = Command::decode(&long).expect_err("a byte after the end");

@@ -12,8 +12,10 @@
 
 mod applier;
 pub mod command;
+mod compact;
 pub mod forward;
 pub mod quorum;
+mod settle;
 mod start;
 
 use std::collections::BTreeMap;
@@ -75,7 +77,13 @@ pub struct ClusterOptions {
     pub node_id: u64,
     /// Every node of the cluster, this one included.
     pub members: BTreeMap<u64, MemberAddrs>,
+    /// Entries the group's log keeps past what every voter holds before the nodes snapshot and
+    /// purge (0: never purge, the log grows without bound).
+    pub compact_every: u64,
 }
+
+/// The default of `ClusterOptions::compact_every`.
+pub const COMPACT_EVERY: u64 = 4096;
 
 /// A node's two addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]

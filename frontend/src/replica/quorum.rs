@@ -107,6 +107,13 @@ pub struct QuorumStatus {
     pub last_index: Option<u64>,
     pub committed: Option<u64>,
     pub applied: Option<u64>,
+    /// The last index this node's newest snapshot covers.
+    pub snapshot: Option<u64>,
+    /// The last index this node purged from its log (docs/cluster.md "Snapshots and
+    /// compaction").
+    pub purged: Option<u64>,
+    /// The entries this node's log holds (in memory too), None when its store stopped.
+    pub entries_held: Option<u64>,
     pub voters: Vec<VoterStatus>,
 }
 
@@ -164,6 +171,9 @@ impl Quorum {
             last_index: m.last_log_index,
             committed: m.cluster_committed.map(|c| c.index),
             applied: m.last_applied.map(|a| a.index),
+            snapshot: m.snapshot.map(|s| s.index),
+            purged: m.purged.map(|p| p.index),
+            entries_held: self.log.entries_held().ok(),
             voters: Vec::new(),
         };
         let (Some(replication), true) = (&m.replication, is_leader) else {

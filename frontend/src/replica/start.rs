@@ -8,6 +8,7 @@ use nvmq_cluster::net::{Node, Peer};
 use nvmq_cluster::openraft::{BasicNode, Config, Raft, SnapshotPolicy};
 
 use super::applier::BrokerApplier;
+use super::compact::Compactor;
 use super::quorum::Quorum;
 use super::{ClusterOptions, Replica, GROUP};
 use crate::broker::Broker;
@@ -24,13 +25,14 @@ fn resolve(what: &str, addr: &str) -> Result<SocketAddr, FrontendError> {
         .ok_or_else(|| cluster_err(format!("{what} {addr:?} resolves to no address")))
 }
 
-/// The group's timing: openraft's defaults (heartbeat 50 ms, elections after 150-300 ms), and
-/// no snapshots: the applied state is the node's partitions, which a snapshot cannot carry yet,
-/// so entries are kept (docs/cluster.md "Running a cluster", what is left).
+/// The group's timing: openraft's defaults (heartbeat 50 ms, elections after 150-300 ms).
+/// Snapshots and purges are the compactor's alone (`compact`): openraft's own policy would
+/// purge entries a lagging voter still needs, which a snapshot of bookkeeping cannot replace.
 fn raft_config() -> Result<Arc<Config>, FrontendError> {
     let c = Config {
         cluster_name: "nvmq".into(),
         snapshot_policy: SnapshotPolicy::Never,
+        max_in_snapshot_log_to_keep: u64::MAX,
         ..Config::default()
     };
     c.validate()
@@ -60,7 +62,9 @@ pub fn start(broker: &Arc<Broker>, opts: &ClusterOptions) -> Result<Arc<Replica>
             source,
         })?;
     let log = broker.log().clone();
+    let quarter_ring = (log.geometry().log_size / 4).max(1);
     let applier = Arc::new(BrokerApplier::new(Arc::downgrade(broker)));
+    let compact_to = applier.compact_to();
     let (node, raft, quorum) = runtime.block_on(async {
         let node = Node::start(id, internal, me.kafka.clone())
             .await
@@ -83,12 +87,21 @@ pub fn start(broker: &Arc<Broker>, opts: &ClusterOptions) -> Result<Arc<Replica>
         .await
         .map_err(|e| cluster_err(format!("opening the raft group: {e}")))?
         .map_err(|e| cluster_err(e.to_string()))?;
-        let quorum = Arc::new(Quorum::new(ls.group_log().clone()));
+        let group_log = ls.group_log().clone();
+        let quorum = Arc::new(Quorum::new(group_log.clone()));
         let raft = Raft::new(id, config, node.network(GROUP), ls, sm)
             .await
             .map_err(|e| cluster_err(format!("starting the raft group: {e}")))?;
         node.add_group(GROUP, raft.clone());
         tokio::spawn(quorum.clone().watch(raft.clone()));
+        let compactor = Compactor {
+            raft: raft.clone(),
+            log: group_log,
+            compact_to,
+            every: opts.compact_every,
+            quarter_ring,
+        };
+        tokio::spawn(compactor.run());
         let initialized = raft
             .is_initialized()
             .await

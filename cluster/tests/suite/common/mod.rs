@@ -102,6 +102,14 @@ impl Node {
     }
 }
 
+/// Normal entry `index` of `term`, carrying `data`.
+pub fn normal(term: u64, index: u64, data: Vec<u8>) -> Entry {
+    Entry {
+        log_id: nvmq_cluster::LogId::new_term_index(term, index),
+        payload: openraft::EntryPayload::Normal(nvmq_cluster::Request(data)),
+    }
+}
+
 /// Appends `entries` and waits for the flush callback; returns what it reported.
 pub async fn append(ls: &mut LogStore, entries: Vec<Entry>) -> io::Result<()> {
     let (tx, rx) = nvmq_cluster::TypeConfig::oneshot();
