@@ -156,7 +156,7 @@ impl RaftRecord {
                 let id = r.log_id()?;
                 let payload = match r.u8()? {
                     payload::BLANK => EntryPayload::Blank,
-                    payload::NORMAL => EntryPayload::Normal(Request(r.rest().to_vec())),
+                    payload::NORMAL => EntryPayload::Normal(Request::from(r.rest().to_vec())),
                     payload::MEMBERSHIP => {
                         let m: Membership<u64, openraft::BasicNode> =
                             serde_json::from_slice(r.rest())
@@ -293,7 +293,7 @@ mod tests {
         let m = Membership::new(vec![BTreeSet::from([1, 2])], nodes).unwrap_or_default();
         roundtrip(RaftRecord::Entry(Entry {
             log_id: log_id(3, 7),
-            payload: EntryPayload::Normal(Request(b"hello".to_vec())),
+            payload: EntryPayload::Normal(Request::from(b"hello".to_vec())),
         }));
         roundtrip(RaftRecord::Entry(Entry {
             log_id: log_id(3, 8),

@@ -220,7 +220,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         })?;
                     }
                     None => {
-                        self.lock("apply")?.data.insert(index, req.0);
+                        self.lock("apply")?.data.insert(index, req.0.to_vec());
                     }
                 },
                 EntryPayload::Blank => {}

@@ -84,6 +84,7 @@ pub struct Hello {
 pub struct Chunk {
     pub transfer: u64,
     pub offset: u64,
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
     pub done: Option<(Vote, SnapshotMeta)>,
 }

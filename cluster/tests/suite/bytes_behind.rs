@@ -21,7 +21,7 @@ fn id(index: u64) -> LogId {
 fn normal(index: u64) -> Entry {
     Entry {
         log_id: id(index),
-        payload: EntryPayload::Normal(Request(vec![7; index as usize * 100])),
+        payload: EntryPayload::Normal(Request::from(vec![7; index as usize * 100])),
     }
 }
 

@@ -171,7 +171,8 @@ impl Cluster {
         for _ in 0..50 {
             let leader = self.leader().await?;
             let node = self.net.get(leader).ok_or("leader left the network")?;
-            match tokio::time::timeout(WRITE_WAIT, node.client_write(Request(bytes.clone()))).await
+            match tokio::time::timeout(WRITE_WAIT, node.client_write(Request::from(bytes.clone())))
+                .await
             {
                 Ok(Ok(r)) => return Ok(r.log_id.index),
                 Ok(Err(e)) => last_err = e.to_string(),

@@ -209,11 +209,13 @@ async fn openraft_stops_the_node_when_its_flush_fails() {
         .state(openraft::ServerState::Leader, "the single node leads")
         .await;
     assert!(leads.is_ok(), "{leads:?}");
-    let first = tokio::time::timeout(wait, raft.client_write(Request(b"before".to_vec()))).await;
+    let first =
+        tokio::time::timeout(wait, raft.client_write(Request::from(b"before".to_vec()))).await;
     assert!(matches!(first, Ok(Ok(_))), "{first:?}");
 
     node.handle.fail_next_flush();
-    let failed = tokio::time::timeout(wait, raft.client_write(Request(b"lost".to_vec()))).await;
+    let failed =
+        tokio::time::timeout(wait, raft.client_write(Request::from(b"lost".to_vec()))).await;
     assert!(
         matches!(failed, Ok(Err(_))),
         "the write was answered {failed:?}"
@@ -221,7 +223,8 @@ async fn openraft_stops_the_node_when_its_flush_fails() {
     let running = raft.metrics().borrow_watched().running_state.clone();
     let fatal = running.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(fatal.contains("raft group 6"), "running state: {fatal:?}");
-    let after = tokio::time::timeout(wait, raft.client_write(Request(b"after".to_vec()))).await;
+    let after =
+        tokio::time::timeout(wait, raft.client_write(Request::from(b"after".to_vec()))).await;
     assert!(
         matches!(after, Ok(Err(_))),
         "a write after the stop: {after:?}"

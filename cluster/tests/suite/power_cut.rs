@@ -54,7 +54,7 @@ fn entry(term: u64, index: u64) -> Entry {
     }
     Entry {
         log_id: id(term, index),
-        payload: EntryPayload::Normal(Request(bytes)),
+        payload: EntryPayload::Normal(Request::from(bytes)),
     }
 }
 
@@ -164,7 +164,7 @@ fn model(steps: &[Step]) -> Held {
                 let last = covered().next_back().map(|e| e.log_id);
                 h.data = covered()
                     .filter_map(|e| match &e.payload {
-                        EntryPayload::Normal(r) => Some((e.log_id.index, r.0.clone())),
+                        EntryPayload::Normal(r) => Some((e.log_id.index, r.0.to_vec())),
                         _ => None,
                     })
                     .collect();

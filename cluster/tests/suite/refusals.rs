@@ -42,7 +42,7 @@ async fn truncating_below_the_committed_index_fails_and_drops_nothing() {
     let entries: Vec<Entry> = (1..=4)
         .map(|i| Entry {
             log_id: id(i),
-            payload: EntryPayload::Normal(Request(vec![i as u8])),
+            payload: EntryPayload::Normal(Request::from(vec![i as u8])),
         })
         .collect();
     let (tx, rx) = nvmq_cluster::TypeConfig::oneshot();

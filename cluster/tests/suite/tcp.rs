@@ -135,7 +135,7 @@ impl Cluster {
         while Instant::now() < until {
             let leader = self.leader().await?;
             let raft = self.members[&leader].raft()?;
-            match raft.client_write(Request(bytes.clone())).await {
+            match raft.client_write(Request::from(bytes.clone())).await {
                 Ok(r) => return Ok(r.log_id.index),
                 Err(e) => last_err = e.to_string(),
             }

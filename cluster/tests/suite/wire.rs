@@ -39,7 +39,9 @@ fn entry(rng: &mut StdRng, index: u64) -> Entry {
     let len = rng.gen_range(0..64);
     Entry {
         log_id: LogId::new_term_index(rng.gen_range(1..4), index),
-        payload: EntryPayload::Normal(Request((0..len).map(|_| rng.gen()).collect())),
+        payload: EntryPayload::Normal(Request::from(
+            (0..len).map(|_| rng.gen()).collect::<Vec<u8>>(),
+        )),
     }
 }
 

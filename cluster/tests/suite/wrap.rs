@@ -20,7 +20,7 @@ fn id(term: u64, index: u64) -> LogId {
 fn entry(index: u64) -> Entry {
     Entry {
         log_id: id(5, index),
-        payload: EntryPayload::Normal(Request(format!("entry {index}").into_bytes())),
+        payload: EntryPayload::Normal(Request::from(format!("entry {index}").into_bytes())),
     }
 }
 

@@ -13,6 +13,7 @@ pub enum Command {
         topic: String,
         partition: u32,
         span: u32,
+        #[serde(with = "serde_bytes")]
         batch: Vec<u8>,
     },
     /// A new topic and its configs (name → value, validated on the leader).
@@ -78,6 +79,7 @@ enum ProduceRef<'a> {
         topic: &'a str,
         partition: u32,
         span: u32,
+        #[serde(with = "serde_bytes")]
         batch: &'a [u8],
     },
 }

@@ -100,7 +100,7 @@ impl Compactor {
         }
         let cmd = Command::Compact { upto };
         self.raft
-            .client_write(Request(cmd.encode()))
+            .client_write(Request::from(cmd.encode()))
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())

@@ -209,7 +209,7 @@ impl Replica {
         }
         let (responder, rx) = ProgressResponder::complete_only();
         self.raft
-            .client_write_ff(Request(entry), Some(responder))
+            .client_write_ff(Request::from(entry), Some(responder))
             .await
             .map_err(|e| WriteError::Failed(e.to_string()))?;
         Ok(async move {

@@ -106,7 +106,7 @@ impl Node {
 pub fn normal(term: u64, index: u64, data: Vec<u8>) -> Entry {
     Entry {
         log_id: nvmq_cluster::LogId::new_term_index(term, index),
-        payload: openraft::EntryPayload::Normal(nvmq_cluster::Request(data)),
+        payload: openraft::EntryPayload::Normal(nvmq_cluster::Request::from(data)),
     }
 }
 
