@@ -9,6 +9,9 @@ use std::pin::Pin;
 /// The answer of one applied entry, or why it could not be applied.
 pub type ApplyResult = Result<Vec<u8>, String>;
 
+/// Hands the applier a snapshot's bookkeeping, already checked by [`Applier::restore`].
+pub type Restore = Box<dyn FnOnce() + Send>;
+
 /// A future that resolves once the node's devices hold what a capture describes.
 pub type Settled = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'static>>;
 
@@ -43,9 +46,10 @@ pub trait Applier: Send + Sync + 'static {
     /// exactly the entries up to the last applied one.
     fn capture(&self) -> Result<Capture, String>;
 
-    /// Starts from a snapshot's bookkeeping: at open, from the newest durable snapshot, and when
-    /// the leader installs one. Refuses, changing nothing, when this node does not hold what the
-    /// snapshot counts (a device that lost batches, or a node that never received them: the
-    /// snapshot carries no data).
-    fn restore(&self, data: &[u8]) -> Result<(), String>;
+    /// Checks a snapshot's bookkeeping against the node and returns what starts from it: at
+    /// open, from the newest durable snapshot (run at once), and when the leader installs one
+    /// (run once the snapshot is durable here). Refuses, changing nothing, when this node does
+    /// not hold what the snapshot counts (a device that lost batches, or a node that never
+    /// received them: the snapshot carries no data).
+    fn restore(&self, data: &[u8]) -> Result<Restore, String>;
 }

@@ -15,7 +15,7 @@ mod state_machine;
 mod store;
 mod types;
 
-pub use apply::{Applier, ApplyResult, Capture, Settled};
+pub use apply::{Applier, ApplyResult, Capture, Restore, Settled};
 pub use error::ClusterError;
 pub use log_store::{LogReader, LogStore};
 /// The pinned openraft, for the crates that drive a group.

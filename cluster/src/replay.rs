@@ -18,8 +18,10 @@ pub struct GroupState {
     pub entries: BTreeMap<u64, Entry>,
     /// The newest state machine snapshot written.
     pub snapshot: Option<(SnapshotMeta, Vec<u8>)>,
-    /// The log's durable position at this group's last checkpoint since open (not a record).
+    /// The log's durable position once this group's last checkpoint since open was durable,
+    /// and the bytes that checkpoint wrote (not records).
     pub checkpointed_at: Option<u64>,
+    pub checkpoint_bytes: u64,
     /// Whether a full `State` record was replayed (needed once retention freed older records).
     saw_state: bool,
 }

@@ -58,11 +58,18 @@ impl StateMachine {
         let snapshot = group.state("open the state machine")?.snapshot.clone();
         let applied = match snapshot {
             None => Applied::default(),
-            Some((meta, data)) => Applied {
-                last: meta.last_log_id,
-                membership: meta.last_membership,
-                data: restore(group.group(), applier.as_deref(), meta.last_log_id, &data)?,
-            },
+            Some((meta, data)) => {
+                let (data, take) =
+                    restore(group.group(), applier.as_deref(), meta.last_log_id, &data)?;
+                if let Some(take) = take {
+                    take();
+                }
+                Applied {
+                    last: meta.last_log_id,
+                    membership: meta.last_membership,
+                    data,
+                }
+            }
         };
         Ok(StateMachine {
             group,
@@ -119,17 +126,21 @@ impl StateMachine {
     }
 }
 
-/// Restores a snapshot's data: the applier's bookkeeping (kept by the applier, so nothing is
-/// returned), or the applied requests of a group without one.
+/// A snapshot's data, checked: the applied requests of a group without an applier, and what
+/// hands the applier its bookkeeping (run once the snapshot may be used).
+type Restored = (BTreeMap<u64, Vec<u8>>, Option<crate::apply::Restore>);
+
+/// Checks a snapshot's data against this node; nothing changes until the caller runs the
+/// applier's part.
 fn restore(
     group: u32,
     applier: Option<&dyn Applier>,
     last: Option<LogId>,
     data: &[u8],
-) -> Result<BTreeMap<u64, Vec<u8>>, ClusterError> {
+) -> Result<Restored, ClusterError> {
     match applier {
         Some(applier) => {
-            applier
+            let take = applier
                 .restore(data)
                 .map_err(|why| ClusterError::Snapshot {
                     group,
@@ -137,9 +148,9 @@ fn restore(
                     index: last.map(|l| l.index),
                     why,
                 })?;
-            Ok(BTreeMap::new())
+            Ok((BTreeMap::new(), Some(take)))
         }
-        None => decode_data(group, data),
+        None => Ok((decode_data(group, data)?, None)),
     }
 }
 
@@ -257,9 +268,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), io::Error> {
         let op = "install snapshot";
         self.group.healthy(op)?;
-        // Restored first: a node that lacks what the snapshot counts refuses it, by name,
-        // before anything is written.
-        let decoded = restore(
+        // Checked first: a node that lacks what the snapshot counts refuses it, by name, before
+        // anything is written; the applier takes it only once it is durable.
+        let (decoded, take) = restore(
             self.group.group(),
             self.applier.as_deref(),
             meta.last_log_id,
@@ -268,6 +279,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.group
             .write_durable(RaftRecord::Snapshot(meta.clone(), data), op)
             .await?;
+        if let Some(take) = take {
+            take();
+        }
         *self.lock(op)? = Applied {
             last: meta.last_log_id,
             membership: meta.last_membership.clone(),

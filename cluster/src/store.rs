@@ -158,19 +158,20 @@ impl GroupLog {
         rec: RaftRecord,
         op: &'static str,
         ack: AckFn,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<u64, ClusterError> {
         let bytes = rec.encode().map_err(|why| ClusterError::Encode {
             group: self.group,
             op,
             why,
         })?;
+        let len = bytes.len() as u64;
         let ack = Watched::boxed(self.shared.clone(), op, ack);
         if let Err(e) = self.log.append(self.partition, bytes, ack) {
             self.shared.fail(op, e.to_string());
             return Err(self.log_err(op)(e));
         }
         st.apply(rec);
-        Ok(())
+        Ok(len)
     }
 
     /// Checks `rec`, applies it to the in-memory state and queues it to the log; `ack` runs
@@ -183,7 +184,7 @@ impl GroupLog {
     ) -> Result<(), ClusterError> {
         let mut st = self.state(op)?;
         st.check(&rec)?;
-        self.queue(&mut st, rec, op, ack)
+        self.queue(&mut st, rec, op, ack).map(|_| ())
     }
 
     /// Waits for the ack of a write; a dropped ack stopped the group already (`Watched`).
@@ -226,8 +227,10 @@ impl GroupLog {
     pub async fn checkpoint(&self) -> Result<(), ClusterError> {
         let op = "checkpoint";
         let (tx, rx) = oneshot::channel();
+        let mut written = 0u64;
         {
             let mut st = self.state(op)?;
+            // Entries share their request bytes: these clones copy no batch.
             let mut recs = Vec::with_capacity(st.entries.len() + 2);
             if let Some((meta, data)) = st.snapshot.clone() {
                 recs.push(RaftRecord::Snapshot(meta, data));
@@ -244,20 +247,46 @@ impl GroupLog {
                         let _ = tx.send(r);
                     }
                 });
-                self.queue(&mut st, rec, op, ack)?;
+                written += self.queue(&mut st, rec, op, ack)?;
             }
-            st.checkpointed_at = Some(self.log.durable());
         }
-        self.durable(op, rx).await
+        self.durable(op, rx).await?;
+        // Measured from where the checkpoint ends, so that its own bytes do not count toward
+        // the next one.
+        let mut st = self.state(op)?;
+        st.checkpointed_at = Some(self.log.durable());
+        st.checkpoint_bytes = written;
+        Ok(())
     }
 
     /// Checkpoints when the log has grown by `every` bytes (a quarter of the ring) since the
-    /// last checkpoint of this group (or it never had one since open). Returns whether it did.
+    /// last checkpoint of this group ended (or it never had one since open). Returns whether it
+    /// did. When the group's live records outgrow a quarter ring (a voter that is down holds
+    /// back their purge), the next checkpoint waits for twice what the last one wrote instead,
+    /// so checkpoints never take more than a third of what the log writes; past a third of the
+    /// ring the oldest complete copy may be freed before the next one is durable, which a later
+    /// open refuses by name (`StateLost`, `Hole`), and a warning says so beforehand.
     pub async fn checkpoint_due(&self, every: u64) -> Result<bool, ClusterError> {
-        let at = self.state("checkpoint")?.checkpointed_at;
-        let due = at.is_none_or(|a| self.log.durable().saturating_sub(a) >= every);
+        let (at, last) = {
+            let st = self.state("checkpoint")?;
+            (st.checkpointed_at, st.checkpoint_bytes)
+        };
+        let gap = every.max(last.saturating_mul(2));
+        let due = at.is_none_or(|a| self.log.durable().saturating_sub(a) >= gap);
         if due {
             self.checkpoint().await?;
+            let wrote = self.state("checkpoint")?.checkpoint_bytes;
+            let ring = every.saturating_mul(4);
+            if wrote > ring / 4 {
+                tracing::warn!(
+                    group = self.group,
+                    checkpoint_bytes = wrote,
+                    ring_bytes = ring,
+                    "the raft group's live records take more than a quarter of the ring: a \
+                     voter that is down or behind keeps the others from purging; past a third \
+                     of the ring a restart may find the group's state freed"
+                );
+            }
         }
         Ok(due)
     }

@@ -59,6 +59,11 @@ pub fn parse(
     if !members.contains_key(&node_id) {
         bail!("--node-id {node_id} is not one of --peers (every node is listed, this one too)");
     }
+    if compact_every == 1 {
+        // Each compaction point is an entry itself: a floor that must move by 1 moves at every
+        // point written, and an idle cluster would write one every tick.
+        bail!("--raft-compact-entries 1: give 0 (never purge) or at least 2");
+    }
     if members.len() < 3 {
         bail!(
             "--peers lists {} node(s): a cluster has at least 3, so that one can fail",
@@ -155,6 +160,8 @@ mod tests {
             let e = format!("{e:#}");
             assert!(e.contains(want), "{p}: {e:?} lacks {want:?}");
         }
+        let e = parse(Some(2), &peers(THREE), false, 1).expect_err("compacting every entry");
+        assert!(format!("{e:#}").contains("at least 2"), "{e:#}");
         let open = "1=a:1/127.0.0.1:2,2=a:1/127.0.0.1:3,3=a:1/10.1.2.3:4";
         assert!(parse(Some(1), &peers(open), true, 4096).is_ok());
     }

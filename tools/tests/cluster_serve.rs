@@ -361,7 +361,8 @@ fn acknowledged_records_survive_the_leader_killed_and_the_node_comes_back_holdin
     // purged, so there is nothing to replay before it), catches up, and has every record:
     // with another node killed, it is one of the two that serve.
     c.up(first);
-    let snapshot = c.raft(first, "snapshot_index").unwrap_or(-1.0);
+    let snapshot = c.raft(first, "snapshot_index");
+    let snapshot = snapshot.unwrap_or_else(|| panic!("node {first}'s /metrics is not up"));
     assert!(
         snapshot >= purged[&first],
         "node {first} restarted without the snapshot through {} it took: {snapshot}",

@@ -12,8 +12,8 @@ use crate::common;
 
 use common::Node;
 use nvmq_cluster::{
-    open_applied_group, Applier, ApplyResult, Capture, ClusterError, Entry, LogId, SnapshotMeta,
-    StateMachine,
+    open_applied_group, Applier, ApplyResult, Capture, ClusterError, Entry, LogId, Restore,
+    SnapshotMeta, StateMachine,
 };
 use openraft::storage::RaftStateMachine;
 use openraft::RaftSnapshotBuilder;
@@ -31,14 +31,14 @@ fn entry(index: u64) -> Entry {
 
 /// Counts the entries applied; its "device" holds `durable` of them, which the test moves.
 struct Counting {
-    applied: AtomicU64,
+    applied: Arc<AtomicU64>,
     durable: watch::Sender<u64>,
 }
 
 impl Counting {
     fn holding(durable: u64) -> Arc<Counting> {
         Arc::new(Counting {
-            applied: AtomicU64::new(0),
+            applied: Arc::new(AtomicU64::new(0)),
             durable: watch::Sender::new(durable),
         })
     }
@@ -68,7 +68,7 @@ impl Applier for Counting {
         })
     }
 
-    fn restore(&self, data: &[u8]) -> Result<(), String> {
+    fn restore(&self, data: &[u8]) -> Result<Restore, String> {
         let n = u64::from_le_bytes(data.try_into().map_err(|_| "not 8 bytes")?);
         let held = *self.durable.borrow();
         if held < n {
@@ -76,8 +76,8 @@ impl Applier for Counting {
                 "the device holds {held} entries, the snapshot counts {n}"
             ));
         }
-        self.applied.store(n, Ordering::SeqCst);
-        Ok(())
+        let applied = self.applied.clone();
+        Ok(Box::new(move || applied.store(n, Ordering::SeqCst)))
     }
 }
 

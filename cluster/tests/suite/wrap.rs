@@ -128,3 +128,53 @@ async fn without_checkpoints_a_wrapped_group_is_refused_by_name() {
         Ok(_) => panic!("a group whose vote the ring freed was opened"),
     }
 }
+
+/// A group whose live entries outgrow a quarter ring (a voter that is down holds back their
+/// purge) checkpoints after twice what its last checkpoint wrote, not at every look: measured
+/// from where the checkpoint ended, its own bytes never make the next one due.
+#[tokio::test(flavor = "current_thread")]
+async fn a_large_live_log_is_checkpointed_at_a_pace_its_size_sets() {
+    let (fmt, cfg) = common::small_ring();
+    let node = Node::with(23, &fmt, cfg).unwrap_or_else(|e| panic!("{e}"));
+    let (mut ls, _sm) = node.open(GROUP).unwrap_or_else(|e| panic!("{e}"));
+    // 80 live entries of 4 KiB: 320 KiB, more than the 256 KiB quarter ring.
+    let entries: Vec<Entry> = (1..=80)
+        .map(|i| common::normal(5, i, vec![(i % 251) as u8; 4096]))
+        .collect();
+    common::append(&mut ls, entries)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let filler = node
+        .log
+        .create_partition("filler", 0)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut checkpoints = 0u64;
+    let from = node.log.durable();
+    // 160 other writes of 4000 bytes, looking before each.
+    for i in 0..160u32 {
+        let due = ls
+            .group_log()
+            .checkpoint_due(QUARTER_RING)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        checkpoints += u64::from(due);
+        node.log
+            .append_wait(filler, vec![(i % 251) as u8; 4000])
+            .unwrap_or_else(|e| panic!("filler {i}: {e}"));
+    }
+    // The first look checkpoints (none since open), then one each time the log grew by twice
+    // a checkpoint's size: never the 160 a checkpoint that makes itself due again would write.
+    let st = ls.group_log().current().unwrap_or_else(|e| panic!("{e}"));
+    assert!(st.checkpoint_bytes > 320 << 10, "{}", st.checkpoint_bytes);
+    let grown = node.log.durable() - from;
+    let most = 1 + grown / (2 * st.checkpoint_bytes);
+    println!(
+        "{checkpoints} checkpoints of {} bytes while the log grew by {grown}",
+        st.checkpoint_bytes
+    );
+    assert!(
+        (2..=most).contains(&checkpoints),
+        "{checkpoints} checkpoints of {} bytes while the log grew by {grown} (at most {most})",
+        st.checkpoint_bytes
+    );
+}

@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use nvmq_cluster::{Applier, ApplyResult, Capture};
+use nvmq_cluster::{Applier, ApplyResult, Capture, Restore};
 use serde::{Deserialize, Serialize};
 
 use super::command::{Answer, Command};
@@ -45,12 +45,15 @@ struct Offsets {
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
 struct Bookkeeping {
     next: Vec<(String, u32, u64)>,
+    /// The highest `Compact` applied: a node restarting from the snapshot purges up to it
+    /// without waiting for the leader's next one.
+    compact_to: u64,
 }
 
 pub(crate) struct BrokerApplier {
     /// Weak: the broker holds the replica, which holds the group, which holds this.
     broker: Weak<Broker>,
-    offsets: Mutex<Offsets>,
+    offsets: Arc<Mutex<Offsets>>,
     /// The batches queued to the devices and which are durable yet.
     settle: Settle,
     /// The highest `Compact` applied: entries up to it may be purged (`compact`).
@@ -65,7 +68,7 @@ impl BrokerApplier {
     pub(crate) fn new(broker: Weak<Broker>) -> BrokerApplier {
         BrokerApplier {
             broker,
-            offsets: Mutex::default(),
+            offsets: Arc::default(),
             settle: Settle::default(),
             compact_to: Arc::default(),
         }
@@ -158,6 +161,11 @@ impl Applier for BrokerApplier {
     ) -> Pin<Box<dyn Future<Output = ApplyResult> + Send + 'a>> {
         Box::pin(async move {
             let b = self.broker.upgrade().ok_or("the broker stopped")?;
+            // A batch of an earlier entry was not stored: this node's partitions no longer follow
+            // the group, and the group stops here rather than at the next snapshot.
+            if let Some(why) = self.settle.failed() {
+                return Err(format!("a replicated batch was not stored: {why}"));
+            }
             let answer = match Command::decode(data).map_err(|e| e.to_string())? {
                 Command::Produce {
                     topic,
@@ -201,7 +209,11 @@ impl Applier for BrokerApplier {
             .map(|(n, (t, p))| (t.clone(), *p, *n))
             .collect();
         next.sort_unstable();
-        let data = postcard::to_allocvec(&Bookkeeping { next }).map_err(|e| e.to_string())?;
+        let book = Bookkeeping {
+            next,
+            compact_to: self.compact_to.load(Ordering::Relaxed),
+        };
+        let data = postcard::to_allocvec(&book).map_err(|e| e.to_string())?;
         Ok(Capture {
             data,
             durable: self.settle.until(mark),
@@ -210,7 +222,7 @@ impl Applier for BrokerApplier {
 
     /// Takes a snapshot's offsets, once every partition it names is on this node's devices at
     /// least up to its offset; refuses, changing nothing, otherwise.
-    fn restore(&self, data: &[u8]) -> Result<(), String> {
+    fn restore(&self, data: &[u8]) -> Result<Restore, String> {
         let b = self.broker.upgrade().ok_or("the broker stopped")?;
         let book: Bookkeeping = match postcard::take_from_bytes(data) {
             Ok((book, [])) => book,
@@ -229,21 +241,28 @@ impl Applier for BrokerApplier {
                 .and_then(|p| b.topics().partition(&topic, p));
             let Some(pid) = pid else {
                 return Err(format!(
-                    "the snapshot counts {n} offsets in {topic}/{partition}, a partition this                      node does not have: it does not hold what the snapshot covers (a node that                      is new or lost its drive needs the partitions themselves, not supported yet)"
+                    "the snapshot counts {n} offsets in {topic}/{partition}, a partition this \
+                     node does not have: it does not hold what the snapshot covers (a node that \
+                     is new or lost its drive needs the partitions themselves, not supported yet)"
                 ));
             };
             let end = b.bounds(pid).map_or(0, |(_, end)| end);
             if end < n {
                 return Err(format!(
-                    "the snapshot counts {n} offsets in {topic}/{partition}, but this node's                      device holds it only up to {end}: the batches between are not here (a                      device that lost data, or a node that never received them)"
+                    "the snapshot counts {n} offsets in {topic}/{partition}, but this node's \
+                     device holds it only up to {end}: the batches between are not here (a \
+                     device that lost data, or a node that never received them)"
                 ));
             }
             next.insert(pid, (n, (topic, partition)));
         }
-        let mut o = lock(&self.offsets);
-        o.next = next;
-        // Where each partition ends is read again at its next touch.
-        o.found.clear();
-        Ok(())
+        let (offsets, compact_to) = (self.offsets.clone(), self.compact_to.clone());
+        Ok(Box::new(move || {
+            let mut o = lock(&offsets);
+            o.next = next;
+            // Where each partition ends is read again at its next touch.
+            o.found.clear();
+            compact_to.fetch_max(book.compact_to, Ordering::Relaxed);
+        }))
     }
 }

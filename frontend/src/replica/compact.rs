@@ -22,6 +22,9 @@ use super::command::Command;
 
 /// How often each node looks.
 const TICK: Duration = Duration::from_millis(250);
+/// How long the leader waits for a compaction entry to commit before it looks again (a leader
+/// that lost its quorum never sees it commit).
+const LEAD_WAIT: Duration = Duration::from_secs(5);
 
 /// The index every voter's log holds, as the leader sees it: the least matched index over the
 /// voters (the leader's own is its flushed log), no higher than what is applied here (a snapshot
@@ -50,21 +53,40 @@ pub(crate) struct Compactor {
 }
 
 impl Compactor {
+    /// Runs until the group stops: compaction and the checkpoints in tasks of their own, so
+    /// that a compaction entry that does not commit never holds back a checkpoint.
     pub(crate) async fn run(self) {
+        let log = self.log.clone();
+        let quarter_ring = self.quarter_ring;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = log.checkpoint_due(quarter_ring).await {
+                    // Only a stopped group fails here (every log error stops it).
+                    tracing::warn!(error = %e, "re-recording the raft group's state failed");
+                    return;
+                }
+            }
+        });
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            if let Err(e) = self.lead().await {
-                tracing::warn!(error = %e, "writing the raft group's compaction point failed");
+            match tokio::time::timeout(LEAD_WAIT, self.lead()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "writing the raft group's compaction point failed")
+                }
+                Err(_) => tracing::warn!(
+                    wait = ?LEAD_WAIT,
+                    "the raft group's compaction point did not commit in time; trying again"
+                ),
             }
             if let Err(e) = self.compact().await {
-                // openraft stopped: nothing more to compact.
+                // openraft stopped (its triggers fail only then): nothing more to compact.
                 tracing::debug!(error = %e, "compaction stops");
-                return;
-            }
-            if let Err(e) = self.log.checkpoint_due(self.quarter_ring).await {
-                tracing::warn!(error = %e, "re-recording the raft group's state failed");
                 return;
             }
         }

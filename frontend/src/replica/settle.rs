@@ -58,6 +58,11 @@ impl Settle {
         });
     }
 
+    /// The first batch that failed (or was dropped unanswered), if one did.
+    pub(crate) fn failed(&self) -> Option<String> {
+        self.counts.borrow().failed.clone()
+    }
+
     /// What has been queued so far, to every device.
     pub(crate) fn mark(&self) -> Mark {
         let c = self.counts.borrow();
@@ -153,9 +158,11 @@ mod tests {
         let s = Settle::default();
         let a = s.queued(0);
         let mut wait = s.until(s.mark());
+        assert_eq!(s.failed(), None);
         drop(a);
         let r = ready(&mut wait).and_then(Result::err).unwrap_or_default();
         assert!(r.contains("without answering"), "{r}");
+        assert!(s.failed().is_some_and(|f| f.contains("without answering")));
         let s = Settle::default();
         let b = s.queued(3);
         let mut wait = s.until(s.mark());
