@@ -100,7 +100,10 @@ impl GroupState {
                 if self.entries.get(&e.log_id.index) == Some(&e) {
                     return;
                 }
-                self.entries.split_off(&e.log_id.index);
+                // Appending at the end (the usual case) drops nothing: no split to allocate.
+                if self.entries.range(e.log_id.index..).next().is_some() {
+                    self.entries.split_off(&e.log_id.index);
+                }
                 self.entries.insert(e.log_id.index, e);
             }
             RaftRecord::Vote(v) => self.vote = Some(v),

@@ -2,7 +2,7 @@
 //! device, driven by a real Kafka client (Debian's kcat, librdkafka): records produced with
 //! acks=all while the leader is SIGKILLed are all read back from the survivors, in order; the
 //! killed node comes back, catches up, and then holds everything itself (it serves after
-//! another node is killed). A leader cut off from the others (SIGSTOP) is replaced and rejoins
+//! another node is killed); then the same with confluent-kafka as the producer. A leader cut off from the others (SIGSTOP) is replaced and rejoins
 //! with their history. Throughout, the nodes compact the group's log (a snapshot of their
 //! bookkeeping, then a purge) every few entries, never past what every node holds; a node
 //! restarts from its snapshot. docs/cluster.md "Running a cluster", "Snapshots and compaction".
@@ -10,12 +10,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::clients::{kcat, one_at_a_time, python, tmp, Server};
+use common::clients::{clients_dir, kcat, one_at_a_time, python, tmp, Server};
 use common::{metric, nvmq, try_scrape};
 
 const TOPIC: &str = "replicated";
@@ -394,13 +394,43 @@ fn acknowledged_records_survive_the_leader_killed_and_the_node_comes_back_holdin
         after.len()
     );
 
+    // confluent-kafka (its own bundled librdkafka) producing while the leader is SIGKILLed
+    // again: the same guarantees.
+    c.up(other);
+    c.all_in_sync();
+    let leader = c.leader();
+    let mut p = Command::new(python())
+        .arg(clients_dir().join("scenarios.py"))
+        .args([&c.bootstrap(), "produce_range", TOPIC, "3400", "4400"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting confluent-kafka");
+    // Killed once records are being acknowledged, 100 ms after the first.
+    let mut lines = BufReader::new(p.stdout.take().expect("confluent-kafka's stdout")).lines();
+    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert_eq!(first, "first acknowledged", "confluent-kafka did not start");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        p.try_wait().expect("confluent-kafka's state").is_none(),
+        "confluent-kafka was done before the leader was killed"
+    );
+    c.kill(leader);
+    let said: Vec<String> = lines.map_while(Result::ok).collect();
+    let said = said.join(" ");
+    assert!(
+        p.wait().expect("confluent-kafka").success(),
+        "confluent-kafka: {said}"
+    );
+    println!("leader {leader} killed under confluent-kafka: {said}");
+    check(&c.read_all(), 4400);
+
     // Each device holds the same partition, whichever node led; compaction went on through
     // the failovers.
-    c.up(other);
+    c.up(leader);
     c.all_in_sync();
     let later = c.compacted(&[1, 2, 3], purged.values().copied().fold(0.0, f64::max));
     println!("after the failovers, purged through {later:?}");
-    c.stop_and_compare(3400);
+    c.stop_and_compare(4400);
 }
 
 /// A leader cut off from the others (frozen with SIGSTOP: its sockets stay open, it answers

@@ -320,6 +320,43 @@ def produce_log():
         p.poll(0.001 if i % 50 else 0.01)
 
 
+def produce_range():
+    """confluent-kafka producing r-<from> .. r-<to - 1> to partition 0 of a topic with acks=all,
+    one request in flight (a retry after a failover cannot reorder), requests of at most 5
+    records (so that a failover lands among many), and retries for up to 60 s; exits 0 only
+    when every record was acknowledged."""
+    from confluent_kafka import Producer
+
+    topic, start, end = ARGS[0], int(ARGS[1]), int(ARGS[2])
+    p = Producer({"bootstrap.servers": BOOT, "acks": "all", "linger.ms": 5,
+                  "enable.idempotence": False, "max.in.flight.requests.per.connection": 1,
+                  "batch.num.messages": 5,
+                  "message.timeout.ms": 60000, "reconnect.backoff.max.ms": 200})
+    acked = []
+    errors = []
+
+    def cb(err, msg):
+        if err is None:
+            acked.append(msg.value().decode())
+            if len(acked) == 1:
+                print("first acknowledged", flush=True)
+        else:
+            errors.append(str(err))
+
+    for i in range(start, end):
+        while True:
+            try:
+                p.produce(topic, value=f"r-{i}".encode(), partition=0, on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.01)
+        p.poll(0)
+    left = p.flush(90)
+    if left or errors or len(acked) != end - start:
+        fail(f"{len(acked)} of {end - start} acknowledged, {left} left, errors {errors[:5]}")
+    print(f"ok: {len(acked)} acknowledged by confluent-kafka")
+
+
 def read_values():
     """Prints every value of partition 0 of a topic, one per line, then 'end <hw>'."""
     from confluent_kafka import Consumer, TopicPartition
@@ -751,6 +788,7 @@ def kp_log_dirs():
     "group_rebalance": group_rebalance,
     "committed": committed,
     "produce_log": produce_log,
+    "produce_range": produce_range,
     "read_values": read_values,
     "tls": tls,
     "sasl_ssl_setup": sasl_ssl_setup,
