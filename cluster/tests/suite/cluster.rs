@@ -2,7 +2,9 @@
 //! (seeded, on tokio's paused clock): they elect a leader, replicate client writes, and after
 //! the leader is stopped elect another with no committed entry lost. Twice: on a network that
 //! delays and drops messages, and on one that also duplicates and reorders them while links
-//! are cut (both ways and one way) and healed on a seeded schedule.
+//! are cut (both ways and one way) and healed on a seeded schedule. The old leader comes back
+//! from a power cut of its device; then a follower's device loses power while writes go on,
+//! and it comes back holding them all.
 //!
 //! The seed is printed on failure. NVMQ_CLUSTER_SEED=<n> runs that seed alone;
 //! NVMQ_CLUSTER_RUNS=<n> runs seeds 1..=n (long runs; the default keeps CI short).
@@ -309,6 +311,34 @@ async fn elect_replicate_fail_over(
                     "restarted node {first} kept a dropped entry at {index}"
                 ));
             }
+        }
+    }
+
+    // A follower's device loses power while writes go on through the other two; it comes back
+    // from what survived and ends with every acknowledged write, the ones it missed included.
+    let leader = cluster.leader().await?;
+    let follower = cluster
+        .net
+        .ids()
+        .into_iter()
+        .find(|&id| id != leader)
+        .ok_or("no follower")?;
+    let f = cluster.net.remove(follower).ok_or("follower vanished")?;
+    f.shutdown().await.map_err(|e| format!("shutdown: {e}"))?;
+    drop(f);
+    for i in 30..40 {
+        let bytes = format!("seed {seed} write {i}").into_bytes();
+        let index = cluster.write(bytes.clone(), &mut attempted).await?;
+        acked.insert(index, bytes);
+    }
+    cluster.restart(follower).await?;
+    let last = acked.keys().next_back().copied().unwrap_or(0);
+    for id in cluster.net.ids() {
+        let applied = cluster.applied(id, last).await?;
+        if let Some((index, _)) = acked.iter().find(|(i, b)| applied.get(i) != Some(b)) {
+            return Err(format!(
+                "node {id} after follower {follower}'s power cut: index {index} differs"
+            ));
         }
     }
     for id in cluster.net.ids() {
