@@ -724,6 +724,32 @@ impl Broker {
         Ok(())
     }
 
+    /// The first `limit` Kafka partitions' (topic, index, start offset, durable end), by topic
+    /// and index, and how many partitions follow them (not read).
+    pub fn partition_offsets(&self, limit: usize) -> (Vec<(String, u32, u64, u64)>, usize) {
+        let (parts, total) = {
+            let t = self.topics();
+            let total: usize = t.map.values().map(Vec::len).sum();
+            let parts: Vec<(String, u32, PartRef)> = t
+                .map
+                .iter()
+                .flat_map(|(t, ps)| {
+                    ps.iter()
+                        .enumerate()
+                        .map(move |(i, p)| (t.clone(), i as u32, *p))
+                })
+                .take(limit)
+                .collect();
+            (parts, total)
+        };
+        let more = total - parts.len();
+        let read = parts
+            .into_iter()
+            .filter_map(|(t, i, p)| self.bounds(p).map(|(s, e)| (t, i, s, e)))
+            .collect();
+        (read, more)
+    }
+
     /// (start offset, durable end) of a partition.
     /// The start is the log's own or, if DeleteRecords or retention raised it, that.
     pub fn bounds(&self, p: PartRef) -> Option<(u64, u64)> {

@@ -19,6 +19,7 @@ mod kafka_bench;
 mod logging;
 mod metrics;
 mod metrics_cluster;
+mod metrics_partitions;
 mod mkfs;
 mod offline;
 mod plot;

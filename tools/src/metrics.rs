@@ -30,6 +30,7 @@ pub struct Metrics {
     recovery: Mutex<Option<RecoveryFigures>>,
     front: Mutex<Option<FrontProbe>>,
     cluster: Mutex<Option<ClusterProbe>>,
+    partitions: Mutex<Option<PartitionsProbe>>,
 }
 
 impl Default for Metrics {
@@ -46,6 +47,9 @@ type FrontProbe = Box<dyn Fn() -> (usize, u64, usize) + Send + Sync>;
 
 /// Reads a node of a cluster's Raft group.
 type ClusterProbe = Box<dyn Fn() -> Option<frontend::replica::QuorumStatus> + Send + Sync>;
+
+/// Reads every Kafka partition's start and end offsets (`metrics_partitions`).
+type PartitionsProbe = Box<dyn Fn() -> crate::metrics_partitions::PartitionsRead + Send + Sync>;
 
 /// A per-device series: name, help, and how to read it.
 type Series<T> = (&'static str, &'static str, Reader<T>);
@@ -76,6 +80,7 @@ impl Metrics {
             recovery: Mutex::new(None),
             front: Mutex::new(None),
             cluster: Mutex::new(None),
+            partitions: Mutex::new(None),
         }
     }
 
@@ -88,6 +93,14 @@ impl Metrics {
     /// The Kafka listener's connection and byte figures, once it runs.
     pub fn attach_front(&self, probe: impl Fn() -> (usize, u64, usize) + Send + Sync + 'static) {
         *lock(&self.front) = Some(Box::new(probe));
+    }
+
+    /// The Kafka partitions' offsets (`metrics_partitions`).
+    pub fn attach_partitions(
+        &self,
+        probe: impl Fn() -> crate::metrics_partitions::PartitionsRead + Send + Sync + 'static,
+    ) {
+        *lock(&self.partitions) = Some(Box::new(probe));
     }
 
     /// A node of a cluster: its Raft group's figures (`metrics_cluster`).
@@ -371,6 +384,10 @@ impl Metrics {
         }
         if let Some(st) = lock(&self.cluster).as_ref().and_then(|probe| probe()) {
             crate::metrics_cluster::render(&mut out, &st);
+        }
+        if let Some(probe) = lock(&self.partitions).as_ref() {
+            let (parts, more) = probe();
+            crate::metrics_partitions::render(&mut out, &parts, more);
         }
         out
     }

@@ -455,6 +455,16 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         }
     };
     metrics.attach_front(server.front_probe());
+    {
+        // Weak: a scrape must not keep a stopped broker alive.
+        let broker = Arc::downgrade(server.broker());
+        metrics.attach_partitions(move || {
+            broker
+                .upgrade()
+                .map(|b| b.partition_offsets(crate::metrics_partitions::MAX_PARTITIONS))
+                .unwrap_or_default()
+        });
+    }
     if let Some(replica) = server.broker().replica() {
         // Weak: the scrape must not keep a stopped node's group alive.
         let replica = Arc::downgrade(replica);

@@ -114,6 +114,25 @@ impl Cluster {
         assert!(p.wait().expect("kcat").success());
         let last = self.read_all();
         check(&last, acked + 1);
+        // Every node applied the partition up to the same end (its /metrics says so).
+        let series = format!("partition_end_offset{{topic=\"{TOPIC}\",partition=\"0\"}}");
+        let until = Instant::now() + PATIENCE;
+        for id in [1, 2, 3] {
+            loop {
+                let body = try_scrape(&self.metrics[&id]).unwrap_or_default();
+                let end = body
+                    .contains(&series)
+                    .then(|| metric(&body, &format!("nvmq_{series}")));
+                if end == Some(last.len() as f64) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < until,
+                    "node {id}'s partition ends at {end:?}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         std::thread::sleep(Duration::from_millis(500));
         for id in [1, 2, 3] {
             if let Some(s) = self.nodes.remove(&id) {

@@ -1,5 +1,6 @@
 //! `nvmq serve --metrics-addr`: a Prometheus scrape of the running broker shows the acks a
-//! Kafka producer got, the flushes behind them, the recovery and the writer's health.
+//! Kafka producer got, the flushes behind them, the recovery, the writer's health and each
+//! partition's offsets.
 
 use bytes::Bytes;
 use frontend::client::{record_batch, Client};
@@ -68,5 +69,15 @@ fn a_scrape_shows_the_acks_a_kafka_producer_got_and_the_flushes_behind_them() {
     assert!(value(&after, "nvmq_recovery_scanned_bytes") > 0.0);
     assert!(value(&after, "nvmq_log_used_bytes") > 0.0);
     assert_eq!(value(&after, "nvmq_scrub_damaged_batches"), 0.0);
+    // Each partition's offsets: "m" (auto-created with one partition) took ten records.
+    let m0 = "{topic=\"m\",partition=\"0\"}";
+    assert_eq!(
+        value(&after, &format!("nvmq_partition_end_offset{m0}")),
+        10.0
+    );
+    assert_eq!(
+        value(&after, &format!("nvmq_partition_start_offset{m0}")),
+        0.0
+    );
     drop(serving);
 }
