@@ -276,12 +276,11 @@ impl GroupLog {
         if due {
             self.checkpoint().await?;
             let wrote = self.state("checkpoint")?.checkpoint_bytes;
-            let ring = every.saturating_mul(4);
-            if wrote > ring / 4 {
+            if wrote > every {
                 tracing::warn!(
                     group = self.group,
                     checkpoint_bytes = wrote,
-                    ring_bytes = ring,
+                    quarter_ring_bytes = every,
                     "the raft group's live records take more than a quarter of the ring: a \
                      voter that is down or behind keeps the others from purging; past a third \
                      of the ring a restart may find the group's state freed"

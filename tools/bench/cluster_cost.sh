@@ -9,44 +9,18 @@
 # JSON object a line; cluster_cost_summary.py prints the medians and the ratios taken within
 # each round.
 set -euo pipefail
-if [ $# -lt 2 ]; then
-  echo "usage: $0 <nvmq binary> <scratch dir> [rounds]" >&2
-  exit 2
-fi
-bin=$(realpath "$1")
-mkdir -p "$2"
-scratch=$(realpath "$2")
-rounds=${3:-3}
-here=$(dirname "$(realpath "$0")")
+. "$(dirname "$(realpath "$0")")/bench_lib.sh"
+bench_args "$0" "$@"
 DURATION=${DURATION:-5s}
 SIZE=${SIZE:-2G}
 BASE=${BASE:-19300}
 out=$scratch/cluster-cost.jsonl
 : > "$out"
 
-children=()
-trap 'for p in "${children[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
-
-# serve_start <log> <args...>: starts a broker and waits until it serves.
-serve_start() {
-  local log=$1; shift
-  "$bin" serve "$@" > "$log" 2>&1 &
-  local pid=$!
-  children+=("$pid")
-  for _ in $(seq 1 600); do
-    grep -q "nvmq serving Kafka on" "$log" && { pids+=("$pid"); return 0; }
-    kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
-    sleep 0.5
-  done
-  cat "$log" >&2; exit 1
-}
 stop_all() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   pids=()
-}
-emit() { # <round> <config> <json>
-  python3 -c 'import json,sys; print(json.dumps({"round": int(sys.argv[1]), "config": sys.argv[2], "data": json.loads(sys.argv[3])}))' "$@" >> "$out"
 }
 bench() { # <round> <config> <broker>
   local json
@@ -61,6 +35,7 @@ for r in $(seq 1 "$rounds"); do
   dev="file:$scratch/single.img"
   "$bin" format --device "$dev" --size "$SIZE" --force > /dev/null
   serve_start "$scratch/single.log" --listen "127.0.0.1:$BASE" --device "$dev"
+  pids+=("$serve_pid")
   bench "$r" single "127.0.0.1:$BASE"
   stop_all
   # Three nodes.
@@ -73,6 +48,7 @@ for r in $(seq 1 "$rounds"); do
     "$bin" format --device "$dev" --size "$SIZE" --force > /dev/null
     serve_start "$scratch/n$id.log" --listen "127.0.0.1:$((BASE + id))" --device "$dev" \
       --node-id "$id" --peers "$peers"
+    pids+=("$serve_pid")
   done
   leader=""
   for _ in $(seq 1 100); do

@@ -2,26 +2,11 @@
 """cluster_cost_summary.py <cluster-cost.jsonl>: medians over the rounds of cluster_cost.sh, and
 what the 3-node cluster costs against one broker as ratios taken within each round (then their
 median), as markdown."""
-import json
-import statistics
 import sys
 
-rounds = {}
-for line in open(sys.argv[1]):
-    if line.strip():
-        d = json.loads(line)
-        rounds.setdefault(d["round"], {})[d["config"]] = d["data"]
+from bench_rounds import closed, load, med
 
-
-def closed(data, n):
-    for s in data["scenarios"]:
-        if s["kind"] == "closed" and s["connections"] == n:
-            return s["ops_per_s"], s["latency"]["p50_us"], s["latency"]["p99_us"]
-    raise SystemExit(f"no closed:{n} in {data}")
-
-
-def med(xs):
-    return statistics.median(xs)
+rounds = load(sys.argv[1])
 
 
 rs = list(rounds.values())

@@ -14,24 +14,14 @@
 # Output: <scratch>/security-cost.jsonl, one JSON object a line; security_cost_summary.py prints
 # the medians and the ratios taken within each round.
 set -euo pipefail
-if [ $# -lt 2 ]; then
-  echo "usage: $0 <nvmq binary> <scratch dir> [rounds]" >&2
-  exit 2
-fi
-bin=$(realpath "$1")
-mkdir -p "$2"
-scratch=$(realpath "$2")
-rounds=${3:-3}
-here=$(dirname "$(realpath "$0")")
+. "$(dirname "$(realpath "$0")")/bench_lib.sh"
+bench_args "$0" "$@"
 DURATION=${DURATION:-3s}
 CONNECTS=${CONNECTS:-500}
 PORT=${PORT:-19192}
 VENV=${VENV:-target/tmp/kafka-clients-venv}
 out=$scratch/security-cost.jsonl
 : > "$out"
-
-children=()
-trap 'for p in "${children[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 
 # A CA, and the broker's certificate it signs (a self-signed leaf is refused as a CA).
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
@@ -43,27 +33,12 @@ openssl x509 -req -in "$scratch/server.csr" -CA "$scratch/ca.pem" -CAkey "$scrat
   -CAcreateserial -days 1 -extfile "$scratch/san.ext" -out "$scratch/cert.pem" 2>/dev/null
 tls=(--tls-cert "$scratch/cert.pem" --tls-key "$scratch/key.pem")
 
-serve_start() {
-  local log=$1; shift
-  "$bin" serve --listen "127.0.0.1:$PORT" "$@" > "$log" 2>&1 &
-  serve_pid=$!
-  children+=("$serve_pid")
-  for _ in $(seq 1 600); do
-    grep -q "nvmq serving Kafka on" "$log" && return 0
-    kill -0 "$serve_pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
-    sleep 0.5
-  done
-  cat "$log" >&2; exit 1
-}
 serve_stop() { kill -TERM "$serve_pid"; wait "$serve_pid" || true; }
-emit() { # <round> <config> <json>
-  python3 -c 'import json,sys; print(json.dumps({"round": int(sys.argv[1]), "config": sys.argv[2], "data": json.loads(sys.argv[3])}))' "$@" >> "$out"
-}
 
 # The authorizer's device: ACLs letting User:ANONYMOUS do everything the bench does.
 acl_dev="file:$scratch/acl.img"
 "$bin" format --device "$acl_dev" --size 2G --force > /dev/null
-serve_start "$scratch/acl-setup.log" --device "$acl_dev" --authorizer --super-users User:ANONYMOUS
+serve_start "$scratch/acl-setup.log" --listen "127.0.0.1:$PORT" --device "$acl_dev" --authorizer --super-users User:ANONYMOUS
 "$VENV/bin/python" - "127.0.0.1:$PORT" <<'PY'
 import sys
 from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
@@ -89,7 +64,7 @@ for r in $(seq 1 "$rounds"); do
            extra=("${tls[@]}"); bench=(--tls-ca "$scratch/ca.pem") ;;
       acl) dev=$acl_dev; extra=(--authorizer) ;;
     esac
-    serve_start "$scratch/$config.log" --device "$dev" "${extra[@]}"
+    serve_start "$scratch/$config.log" --listen "127.0.0.1:$PORT" --device "$dev" "${extra[@]}"
     json=$("$bin" kafka-bench --broker "127.0.0.1:$PORT" --duration "$DURATION" --json \
       --scenario closed:1,closed:64 --topic-prefix "kafka-bench-r$r" "${bench[@]}")
     emit "$r" "$config" "$json"

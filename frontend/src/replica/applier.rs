@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use super::command::{Answer, Command};
 use super::settle::Settle;
-use crate::broker::Broker;
+use crate::broker::{lock, Broker};
 use crate::codes;
 use crate::part::PartRef;
 use crate::topic_config::TopicConfigs;
@@ -58,10 +58,6 @@ pub(crate) struct BrokerApplier {
     settle: Settle,
     /// The highest `Compact` applied: entries up to it may be purged (`compact`).
     compact_to: Arc<AtomicU64>,
-}
-
-fn lock(m: &Mutex<Offsets>) -> std::sync::MutexGuard<'_, Offsets> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl BrokerApplier {

@@ -41,8 +41,12 @@ impl Default for Settle {
 impl Settle {
     /// Counts a batch queued to `dev`; the returned guard is finished by its ack.
     pub(crate) fn queued(&self, dev: u16) -> Pending {
-        self.counts
-            .send_modify(|c| c.per_dev.entry(dev).or_default().0 += 1);
+        // No waiter's condition depends on what is queued: counted without waking them (this
+        // runs for every replicated batch).
+        self.counts.send_if_modified(|c| {
+            c.per_dev.entry(dev).or_default().0 += 1;
+            false
+        });
         Pending {
             settle: Some(self.clone()),
             dev,

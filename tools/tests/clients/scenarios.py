@@ -19,8 +19,10 @@ def fail(msg):
     sys.exit(1)
 
 
-def ck_produce(topic, n, partitions, extra=None):
-    """confluent-kafka producer, acks=all; returns {value: (partition, offset)} of delivered."""
+def ck_produce(topic, n, partitions, extra=None, start=0, prefix="m", announce=False, wait=30):
+    """confluent-kafka producer, acks=all, of <prefix>-<start> .. <prefix>-<start + n - 1>;
+    returns {value: (partition, offset)} of delivered. With `announce`, prints "first
+    acknowledged" when the first delivery is reported."""
     from confluent_kafka import Producer
 
     conf = {"bootstrap.servers": BOOT, "acks": "all", "linger.ms": 5}
@@ -34,12 +36,20 @@ def ck_produce(topic, n, partitions, extra=None):
             errors.append(str(err))
         else:
             got[msg.value().decode()] = (msg.partition(), msg.offset())
+            if announce and len(got) == 1:
+                print("first acknowledged", flush=True)
 
-    for i in range(n):
-        p.produce(topic, value=f"m-{i}".encode(), partition=i % partitions, on_delivery=cb)
+    for i in range(start, start + n):
+        while True:
+            try:
+                p.produce(topic, value=f"{prefix}-{i}".encode(), partition=i % partitions,
+                          on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.01)
         if i % 1000 == 0:
             p.poll(0)
-    left = p.flush(30)
+    left = p.flush(wait)
     if left or errors:
         fail(f"{left} undelivered, errors {errors[:5]}")
     if len(got) != n:
@@ -325,36 +335,13 @@ def produce_range():
     one request in flight (a retry after a failover cannot reorder), requests of at most 5
     records (so that a failover lands among many), and retries for up to 60 s; exits 0 only
     when every record was acknowledged."""
-    from confluent_kafka import Producer
-
     topic, start, end = ARGS[0], int(ARGS[1]), int(ARGS[2])
-    p = Producer({"bootstrap.servers": BOOT, "acks": "all", "linger.ms": 5,
-                  "enable.idempotence": False, "max.in.flight.requests.per.connection": 1,
-                  "batch.num.messages": 5,
-                  "message.timeout.ms": 60000, "reconnect.backoff.max.ms": 200})
-    acked = []
-    errors = []
-
-    def cb(err, msg):
-        if err is None:
-            acked.append(msg.value().decode())
-            if len(acked) == 1:
-                print("first acknowledged", flush=True)
-        else:
-            errors.append(str(err))
-
-    for i in range(start, end):
-        while True:
-            try:
-                p.produce(topic, value=f"r-{i}".encode(), partition=0, on_delivery=cb)
-                break
-            except BufferError:
-                p.poll(0.01)
-        p.poll(0)
-    left = p.flush(90)
-    if left or errors or len(acked) != end - start:
-        fail(f"{len(acked)} of {end - start} acknowledged, {left} left, errors {errors[:5]}")
-    print(f"ok: {len(acked)} acknowledged by confluent-kafka")
+    conf = {"enable.idempotence": False, "max.in.flight.requests.per.connection": 1,
+            "batch.num.messages": 5, "message.timeout.ms": 60000,
+            "reconnect.backoff.max.ms": 200}
+    got = ck_produce(topic, end - start, 1, conf, start=start, prefix="r", announce=True,
+                     wait=90)
+    print(f"ok: {len(got)} acknowledged by confluent-kafka")
 
 
 def read_values():
