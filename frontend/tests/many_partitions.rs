@@ -5,7 +5,7 @@
 //! registry's limit refused with a clear error, deleted topics' partitions freed even across a
 //! crash, and a snapshot of large commit metadata.
 //!
-//! The 100,000-partition run goes through the real binary: `tools/tests/many_partitions.rs`.
+//! The 100,000-partition run goes through the real binary: `tools/tests/suite/many_partitions.rs`.
 
 mod common;
 

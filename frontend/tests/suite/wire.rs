@@ -1,5 +1,5 @@
 //! The protocol on the wire, in process: ordering, pipelining, acks=0, long polling,
-//! idempotence, bad input. (The real-client tests are tools/tests/kafka_clients.rs.)
+//! idempotence, bad input. (The real-client tests are tools/tests/suite/kafka_clients.rs.)
 
 use crate::common;
 

@@ -1,5 +1,5 @@
 // kafkajs's admin client and a transactional producer against an nvmq broker, driven by
-// tools/tests/admin_clients.rs. Prints what it checked; exits non-zero with the reason on any
+// tools/tests/suite/admin_clients.rs. Prints what it checked; exits non-zero with the reason on any
 // failure. Usage: node admin.mjs <kafkajs-dir> <bootstrap>
 import { createRequire } from 'node:module';
 

@@ -1,5 +1,5 @@
 """confluent-kafka AdminClient and static-membership scenarios against an nvmq broker, driven by
-tools/tests/admin_clients.rs. Each prints what it checked and exits non-zero (with the reason)
+tools/tests/suite/admin_clients.rs. Each prints what it checked and exits non-zero (with the reason)
 on any failure. Usage: admin.py <bootstrap> <scenario>
 """
 import sys

@@ -1,4 +1,4 @@
-"""Kafka client scenarios against an nvmq broker, driven by tools/tests/kafka_clients.rs and
+"""Kafka client scenarios against an nvmq broker, driven by tools/tests/suite/kafka_clients.rs and
 kafka_security.rs.
 
 Each scenario prints what it checked and exits non-zero (with the reason) on any failure.

@@ -3,13 +3,11 @@
 //! the authorizer's refusals as the clients report them, and certificates they must refuse. The
 //! helpers are shared with `kafka_clients.rs` through `common::clients`.
 
-mod common;
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::clients::{
+use crate::common::clients::{
     kcat_consume, kcat_produce, kcat_settings, librdkafka_suite, one_at_a_time, scenario, tmp,
     Server,
 };
@@ -36,20 +34,17 @@ fn confluent_kafka_manages_acls_and_a_denied_produce_fails_in_its_delivery_repor
     scenario(&s.addr, "acl_operations", &[]);
 }
 
-#[path = "../../frontend/tests/common/certs.rs"]
-mod certs;
-
 /// A CA, a broker certificate it signed (written as files in `dir`), and the serve flags for it.
-fn tls_files(dir: &Path) -> (certs::Ca, Vec<String>) {
-    let ca = certs::Ca::new("nvmq test CA");
+fn tls_files(dir: &Path) -> (crate::certs::Ca, Vec<String>) {
+    let ca = crate::certs::Ca::new("nvmq test CA");
     let flags = tls_flags(dir, "server", &ca.server(false));
     (ca, flags)
 }
 
 /// Writes `cert` to `<name>.pem` and `<name>.key` in `dir`: serve's flags for it.
-fn tls_flags(dir: &Path, name: &str, cert: &certs::Leaf) -> Vec<String> {
-    let pem = certs::write(dir, &format!("{name}.pem"), &cert.cert_pem);
-    let key = certs::write(dir, &format!("{name}.key"), &cert.key_pem);
+fn tls_flags(dir: &Path, name: &str, cert: &crate::certs::Leaf) -> Vec<String> {
+    let pem = crate::certs::write(dir, &format!("{name}.pem"), &cert.cert_pem);
+    let key = crate::certs::write(dir, &format!("{name}.key"), &cert.key_pem);
     vec![
         "--tls-cert".to_string(),
         pem.display().to_string(),
@@ -77,7 +72,7 @@ fn sasl_flags(mechanism: &str, user: &str, password: &str, ca: Option<&str>) -> 
 }
 
 /// `nvmq serve` of `device` on an ephemeral port, taking SASL `mechanisms`, with `extra` flags.
-fn serve_sasl(device: &str, mechanisms: &str, extra: &[&str]) -> common::Serving {
+fn serve_sasl(device: &str, mechanisms: &str, extra: &[&str]) -> crate::common::Serving {
     let mut flags = vec![
         "--device",
         device,
@@ -87,7 +82,7 @@ fn serve_sasl(device: &str, mechanisms: &str, extra: &[&str]) -> common::Serving
         mechanisms,
     ];
     flags.extend(extra);
-    common::serve(&flags)
+    crate::common::serve(&flags)
 }
 
 fn strs(v: &[String]) -> Vec<&str> {
@@ -99,7 +94,7 @@ fn kcat_and_confluent_kafka_over_tls_and_an_untrusting_client_fails() {
     let _turn = one_at_a_time();
     let dir = tmp("kafka-tls");
     let (ca, flags) = tls_files(&dir);
-    let ca_file = certs::write(&dir, "ca.pem", &ca.pem())
+    let ca_file = crate::certs::write(&dir, "ca.pem", &ca.pem())
         .display()
         .to_string();
     let s = Server::start_with("sim:capacity=256M,flush=500us", &strs(&flags));
@@ -116,7 +111,11 @@ fn kcat_and_confluent_kafka_over_tls_and_an_untrusting_client_fails() {
     );
 
     scenario(&s.addr, "tls", &[&ca_file]);
-    let other = certs::write(&dir, "other-ca.pem", &certs::Ca::new("other CA").pem());
+    let other = crate::certs::write(
+        &dir,
+        "other-ca.pem",
+        &crate::certs::Ca::new("other CA").pem(),
+    );
     scenario(&s.addr, "tls_untrusted", &[&other.display().to_string()]);
 }
 
@@ -125,17 +124,17 @@ fn confluent_kafka_presents_a_client_certificate_under_mtls() {
     let _turn = one_at_a_time();
     let dir = tmp("kafka-mtls");
     let (ca, mut flags) = tls_files(&dir);
-    let clients = certs::Ca::new("client CA");
-    let client_ca = certs::write(&dir, "client-ca.pem", &clients.pem());
+    let clients = crate::certs::Ca::new("client CA");
+    let client_ca = crate::certs::write(&dir, "client-ca.pem", &clients.pem());
     flags.extend([
         "--tls-client-ca".to_string(),
         client_ca.display().to_string(),
     ]);
     let s = Server::start_with("sim:capacity=256M,flush=500us", &strs(&flags));
     let alice = clients.client(&[(rcgen::DnType::CommonName, "alice")]);
-    let ca_file = certs::write(&dir, "ca.pem", &ca.pem());
-    let cert = certs::write(&dir, "alice.pem", &alice.cert_pem);
-    let key = certs::write(&dir, "alice.key", &alice.key_pem);
+    let ca_file = crate::certs::write(&dir, "ca.pem", &ca.pem());
+    let cert = crate::certs::write(&dir, "alice.pem", &alice.cert_pem);
+    let key = crate::certs::write(&dir, "alice.key", &alice.key_pem);
     let paths: Vec<String> = [ca_file, cert, key]
         .iter()
         .map(|p| p.display().to_string())
@@ -161,7 +160,7 @@ fn kcat_metadata_refused(addr: &str, settings: &[String]) -> String {
 /// offline.
 fn formatted_with_users(dir: &Path, users: &[(&str, &str, &str)]) -> String {
     let dev = format!("file:{}", dir.join("log.img").display());
-    let run = common::nvmq(&["format", "--device", &dev, "--size", "256M"]);
+    let run = crate::common::nvmq(&["format", "--device", &dev, "--size", "256M"]);
     assert_eq!(run.code, 0, "{run}");
     for (user, mechanism, password) in users {
         user_add(&dev, user, mechanism, password);
@@ -171,7 +170,7 @@ fn formatted_with_users(dir: &Path, users: &[(&str, &str, &str)]) -> String {
 
 /// Adds a SASL user offline with `nvmq user add`, the password on stdin.
 fn user_add(device: &str, user: &str, mechanism: &str, password: &str) {
-    let mut child = common::command(&[
+    let mut child = crate::common::command(&[
         "user",
         "add",
         user,
@@ -260,7 +259,7 @@ fn sasl_with_kcat_and_confluent_kafka_and_no_secret_in_the_log() {
 struct SaslSsl {
     dir: PathBuf,
     dev: String,
-    ca: certs::Ca,
+    ca: crate::certs::Ca,
     ca_file: String,
     tls: Vec<String>,
 }
@@ -275,7 +274,7 @@ impl SaslSsl {
             .collect();
         let dev = formatted_with_users(&dir, &users);
         let (ca, tls) = tls_files(&dir);
-        let ca_file = certs::write(&dir, "ca.pem", &ca.pem())
+        let ca_file = crate::certs::write(&dir, "ca.pem", &ca.pem())
             .display()
             .to_string();
         SaslSsl {
@@ -288,7 +287,7 @@ impl SaslSsl {
     }
 
     /// `nvmq serve` on it over TLS with SCRAM-SHA-512, and `extra` flags.
-    fn serve(&self, extra: &[&str]) -> common::Serving {
+    fn serve(&self, extra: &[&str]) -> crate::common::Serving {
         serve_sasl(
             &self.dev,
             "SCRAM-SHA-512",
@@ -334,9 +333,13 @@ fn sasl_ssl_with_scram_and_acls_for_kcat_and_confluent_kafka() {
         &["SCRAM-SHA-512", "alice", "Wrong-Secret-3", ca_file],
     );
     // A CA that did not sign the broker's certificate: kcat cannot even list metadata.
-    let other = certs::write(dir, "other-ca.pem", &certs::Ca::new("another CA").pem())
-        .display()
-        .to_string();
+    let other = crate::certs::write(
+        dir,
+        "other-ca.pem",
+        &crate::certs::Ca::new("another CA").pem(),
+    )
+    .display()
+    .to_string();
     let untrusted = auth("Alice-Secret-1", &other);
     let said = kcat_metadata_refused(&s.kafka, &untrusted);
     assert!(
@@ -378,8 +381,8 @@ fn librdkafka_test_suite_over_sasl_ssl() {
     let (dir, ca, ca_file) = (b.dir.as_path(), &b.ca, b.ca_file.as_str());
     let s = b.serve(&["--default-partitions", "4"]);
     let client = ca.client(&[(rcgen::DnType::CommonName, "suite")]);
-    let cert = certs::write(dir, "client.pem", &client.cert_pem);
-    let key = certs::write(dir, "client.key", &client.key_pem);
+    let cert = crate::certs::write(dir, "client.pem", &client.cert_pem);
+    let key = crate::certs::write(dir, "client.key", &client.key_pem);
     let conf = [
         "security.protocol=SASL_SSL".to_string(),
         format!("ssl.ca.location={ca_file}"),

@@ -1,10 +1,8 @@
 //! `nvmq bench`, the config file and the log format, run as a user runs them.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// Every run has one scenario per producer count, in order, each with acks and a histogram.
 fn assert_scenarios(runs: &[serde_json::Value], producers: &[u64]) {

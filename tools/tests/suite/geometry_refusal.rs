@@ -4,11 +4,9 @@
 //! because `serve` would refuse the device. A file on a file system cannot change its block size,
 //! so the device's report is changed through the binary's geometry seam (`NVMQ_FAULT_GEOMETRY`).
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// A new log holding a few records, with a window of 1 MiB so that a scan (which probes a window
 /// past the tail) stays short even in reads of half a write unit; its path, its write unit and

@@ -9,12 +9,11 @@ use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProdu
 use kafka_protocol::messages::{MetadataRequest, ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
-mod common;
-use common::{metric as value, scrape};
+use crate::common::{metric as value, scrape};
 
 #[test]
 fn a_scrape_shows_the_acks_a_kafka_producer_got_and_the_flushes_behind_them() {
-    let serving = common::serve(&[
+    let serving = crate::common::serve(&[
         "--device",
         "sim:flush=200us,capacity=256M",
         "--listen",

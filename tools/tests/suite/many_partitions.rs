@@ -13,7 +13,7 @@
 //! `--ignored`:
 //!
 //! ```text
-//! cargo test --release -p nvmq-tools --test many_partitions -- --include-ignored --nocapture
+//! cargo test --release -p nvmq-tools --test suite many_partitions:: -- --include-ignored --nocapture
 //! ```
 //!
 //! `frontend/tests/many_partitions.rs` runs 10,000 in-process on the sim device.
@@ -26,10 +26,9 @@ use frontend::client::Client;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::{CreateTopicsRequest, DeleteTopicsRequest, MetadataRequest};
 
-mod common;
-use common::hostile::{self, Crowd, Waves};
-use common::kafka::{connect, produce, tname};
-use common::Serving;
+use crate::common::hostile::{self, Crowd, Waves};
+use crate::common::kafka::{connect, produce, tname};
+use crate::common::Serving;
 
 fn topic_name(i: usize) -> String {
     // 60 characters, as in the report.
@@ -161,12 +160,12 @@ fn memory(serve: &Serving) -> (u64, u64) {
 }
 
 fn run(plan: Plan) {
-    let dir = common::temp_dir("many-partitions");
+    let dir = crate::common::temp_dir("many-partitions");
     let img = dir.join("log.img");
-    let device = common::spec(&img);
+    let device = crate::common::spec(&img);
     let mut args = vec!["format", "--device", &device];
     args.extend_from_slice(plan.format);
-    let r = common::nvmq(&args);
+    let r = crate::common::nvmq(&args);
     assert_eq!(r.code, 0, "{r}");
     let mut flags = vec![
         "--device",
@@ -182,7 +181,7 @@ fn run(plan: Plan) {
     if plan.hostile {
         flags.extend(hostile::SERVE_FLAGS);
     }
-    let mut serve = common::serve(&flags);
+    let mut serve = crate::common::serve(&flags);
     let names: Vec<String> = (0..plan.topics).map(topic_name).collect();
     let total = plan.topics as u64 * plan.partitions as u64;
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -347,7 +346,7 @@ fn run(plan: Plan) {
     assert!(trouble.is_empty(), "{trouble:#?}");
 
     // Restarted: the recovery reads the newest checkpoint (one batch again) and replays.
-    let mut serve = common::serve(&flags);
+    let mut serve = crate::common::serve(&flags);
     let topics = rt.block_on(async {
         let mut c = connect(&serve.kafka, "after-restart").await;
         let mut md = MetadataRequest::default();
@@ -423,7 +422,7 @@ fn hostile_laps(
     let (base_rss, _) = memory(serve);
     let mut normal = rt.block_on(async {
         let mut c = connect(&serve.kafka, "normal").await;
-        common::kafka::auto_create(&mut c, NORMAL_TOPIC).await;
+        crate::common::kafka::auto_create(&mut c, NORMAL_TOPIC).await;
         c
     });
     let most_queued = Arc::new(AtomicU64::new(0));
@@ -432,7 +431,8 @@ fn hostile_laps(
         let (most, on, metrics) = (most_queued.clone(), sampling.clone(), metrics.clone());
         std::thread::spawn(move || {
             while on.load(Ordering::SeqCst) {
-                let q = common::metric(&common::scrape(&metrics), "nvmq_queued_bytes");
+                let q =
+                    crate::common::metric(&crate::common::scrape(&metrics), "nvmq_queued_bytes");
                 most.fetch_max(q as u64, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(50));
             }

@@ -4,8 +4,6 @@
 //! kafkajs's admin client, and transactional producers of both refused at once. The clients come
 //! from `tests/clients/setup.sh`; the scenarios are `tests/clients/admin.py` and `admin.mjs`.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
@@ -42,8 +40,8 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn broker() -> common::Serving {
-    common::serve(&[
+fn broker() -> crate::common::Serving {
+    crate::common::serve(&[
         "--device",
         "sim:capacity=256M,flush=200us",
         "--listen",

@@ -3,14 +3,13 @@
 //! committed file is out of date, and check the generated text against what the binary accepts:
 //! every flag its `--help` lists, with its default, and every config-file key it names.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 
-const REGENERATE: &str = "NVMQ_UPDATE_DOCS=1 cargo test -p nvmq-tools --test config_reference";
+const REGENERATE: &str =
+    "NVMQ_UPDATE_DOCS=1 cargo test -p nvmq-tools --test suite config_reference::";
 
 fn committed_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config-reference.md")

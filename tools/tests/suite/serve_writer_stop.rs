@@ -4,8 +4,6 @@
 //! The flush failure comes from the file device's fault-injection seam,
 //! `NVMQ_FAULT_FLUSH_FAIL_AFTER`.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -26,13 +24,13 @@ const KAFKA_STORAGE_ERROR: i16 = 56;
 const TOPIC: &str = "stop";
 
 /// `nvmq serve` on `device` with metrics, the flush-failure seam armed when `fail_after` is set.
-fn start(device: &str, fail_after: Option<u64>) -> common::Serving {
+fn start(device: &str, fail_after: Option<u64>) -> crate::common::Serving {
     let n = fail_after.map(|n| n.to_string());
     let env: Vec<(&str, &str)> = n
         .iter()
-        .map(|n| (common::FLUSH_FAIL_SEAM, n.as_str()))
+        .map(|n| (crate::common::FLUSH_FAIL_SEAM, n.as_str()))
         .collect();
-    common::serve_with(
+    crate::common::serve_with(
         &[
             "--device",
             device,
@@ -130,9 +128,9 @@ fn the_same_with_the_io_threads_engine() {
 
 /// The whole story on a file device run by `engine`.
 fn stops_and_recovers(engine: &str) {
-    let dir = common::temp_dir(&format!("writer-stop-{engine}"));
-    let img = common::formatted(&dir);
-    let device = format!("{},engine={engine}", common::spec(&img));
+    let dir = crate::common::temp_dir(&format!("writer-stop-{engine}"));
+    let img = crate::common::formatted(&dir);
+    let device = format!("{},engine={engine}", crate::common::spec(&img));
     let mut serve = start(&device, Some(FAIL_AFTER));
     assert!(
         serve.stderr_shows(&["FAULT INJECTION (NVMQ_FAULT_FLUSH_FAIL_AFTER)"]),
@@ -145,7 +143,7 @@ fn stops_and_recovers(engine: &str) {
         let mut c = Client::connect(serve.kafka.as_str(), "writer-stop")
             .await
             .expect("connect");
-        common::kafka::auto_create(&mut c, TOPIC).await;
+        crate::common::kafka::auto_create(&mut c, TOPIC).await;
         let start_flushes = serve.metric("nvmq_flushes_total");
         assert!(
             start_flushes + 10.0 < FAIL_AFTER as f64,
@@ -178,7 +176,8 @@ fn stops_and_recovers(engine: &str) {
 
     // Before the process exits, a scrape says that the writer stopped, and why.
     let metrics = serve.metrics.as_deref().expect("metrics address");
-    let body = common::try_scrape(metrics).expect("/metrics still answers right after the failure");
+    let body =
+        crate::common::try_scrape(metrics).expect("/metrics still answers right after the failure");
     let fatal = body
         .lines()
         .find(|l| l.starts_with("nvmq_writer_fatal{"))
@@ -248,17 +247,17 @@ fn stops_and_recovers(engine: &str) {
 /// stops later: status 5 and the same log line, so that the supervisor's restart runs recovery.
 #[test]
 fn a_flush_failing_while_serve_starts_exits_with_status_5_too() {
-    let dir = common::temp_dir("writer-stop-at-start");
-    let img = common::formatted(&dir);
+    let dir = crate::common::temp_dir("writer-stop-at-start");
+    let img = crate::common::formatted(&dir);
     // Recovery's own flushes come first (a failure there refuses the open before any writer
     // runs); the smallest count past them fails the first flush of the writer, during the start.
     for n in 0..8u64 {
         let copy = dir.join(format!("try-{n}.img"));
         std::fs::copy(&img, &copy).expect("copy the formatted log");
-        let device = common::spec(&copy);
-        let r = common::nvmq_with(
+        let device = crate::common::spec(&copy);
+        let r = crate::common::nvmq_with(
             &["serve", "--device", &device, "--listen", "127.0.0.1:0"],
-            &[(common::FLUSH_FAIL_SEAM, &n.to_string())],
+            &[(crate::common::FLUSH_FAIL_SEAM, &n.to_string())],
             Duration::from_secs(30),
         );
         let _ = std::fs::remove_file(&copy);

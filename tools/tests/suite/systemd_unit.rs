@@ -3,11 +3,9 @@
 //! accepted by the binary, the limits must cover what serve is configured to hold, and the unit
 //! must parse (with `systemd-analyze verify`, where it is installed).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 
 fn dist(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,10 +1,8 @@
 //! `nvmq serve` and SIGTERM/SIGINT from the moment it says it serves: a supervisor (or a test)
 //! that stops it as soon as the "serving Kafka on" line appears gets a clean stop (status 0),
 //! never the signal's default action (killed, no status). Before the fix the handlers were
-//! installed only after that line, and `tools/tests/many_partitions.rs` failed now and then on
+//! installed only after that line, and `tools/tests/suite/many_partitions.rs` failed now and then on
 //! its final SIGTERM of a restarted broker.
-
-mod common;
 
 use std::time::Duration;
 
@@ -26,7 +24,7 @@ fn caught(pid: u32) -> u64 {
 fn a_signal_right_after_the_serving_line_stops_serve_cleanly() {
     for signal in ["-TERM", "-INT", "-TERM", "-INT", "-TERM"] {
         let mut serving =
-            common::serve(&["--device", "sim:capacity=64M", "--listen", "127.0.0.1:0"]);
+            crate::common::serve(&["--device", "sim:capacity=64M", "--listen", "127.0.0.1:0"]);
         // Checked first, the moment the line is read: the handlers must be there already.
         let mask = caught(serving.child.id());
         assert_eq!(

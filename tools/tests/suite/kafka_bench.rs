@@ -1,14 +1,12 @@
 //! `nvmq kafka-bench --broker` against an `nvmq serve` in another process: the ceiling mode and a
 //! durable file device. Not timed: the JSON's shape is checked, and that records flowed.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// A running `nvmq serve`; killed on drop.
 struct Server {
@@ -213,17 +211,14 @@ fn kafka_bench_refuses_bad_scenarios_naming_the_bad_part() {
     assert!(r.stderr.contains("127.0.0.1:1"), "{r}");
 }
 
-#[path = "../../frontend/tests/common/certs.rs"]
-mod certs;
-
 #[test]
 fn kafka_bench_runs_over_tls_and_mtls() {
     let dir = temp_dir("kafka-bench-tls");
-    let ca = certs::Ca::new("nvmq test CA");
-    let clients = certs::Ca::new("client CA");
+    let ca = crate::certs::Ca::new("nvmq test CA");
+    let clients = crate::certs::Ca::new("client CA");
     let server = ca.server(false);
     let alice = clients.client(&[(rcgen::DnType::CommonName, "bench")]);
-    let p = |name: &str, text: &str| certs::write(&dir, name, text).display().to_string();
+    let p = |name: &str, text: &str| crate::certs::write(&dir, name, text).display().to_string();
     let (cert, key) = (p("s.pem", &server.cert_pem), p("s.key", &server.key_pem));
     let (ca_file, client_ca) = (p("ca.pem", &ca.pem()), p("client-ca.pem", &clients.pem()));
     let (acert, akey) = (p("a.pem", &alice.cert_pem), p("a.key", &alice.key_pem));

@@ -2,15 +2,10 @@
 //! non-loopback listen needs no --insecure-network; SIGHUP reloads the files (new connections
 //! get the new certificate, a reload that fails keeps the old one and says why).
 
-mod common;
-
-#[path = "../../frontend/tests/common/certs.rs"]
-mod certs;
-
 use std::path::Path;
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use frontend::client::Client;
 use frontend::tls::client_config;
 use kafka_protocol::messages::ApiVersionsRequest;
@@ -22,7 +17,7 @@ fn s(p: &Path) -> String {
 }
 
 /// Whether a client trusting only `ca` gets an answer from the broker at `addr`.
-fn answers(addr: &str, ca: &certs::Ca) -> bool {
+fn answers(addr: &str, ca: &crate::certs::Ca) -> bool {
     let mut roots = RootCertStore::empty();
     roots.add(CertificateDer::from(ca.der())).expect("root");
     let config: Arc<_> = client_config(roots, None).expect("client config");
@@ -44,14 +39,14 @@ fn answers(addr: &str, ca: &certs::Ca) -> bool {
 #[test]
 fn bad_tls_files_stop_the_start_naming_the_file() {
     let dir = temp_dir("serve-tls-bad");
-    let ca = certs::Ca::new("CA");
+    let ca = crate::certs::Ca::new("CA");
     let leaf = ca.server(false);
-    let cert = certs::write(&dir, "s.pem", &leaf.cert_pem);
-    let key = certs::write(&dir, "s.key", &leaf.key_pem);
+    let cert = crate::certs::write(&dir, "s.pem", &leaf.cert_pem);
+    let key = crate::certs::write(&dir, "s.key", &leaf.key_pem);
     let missing = dir.join("missing.pem");
-    let garbage = certs::write(&dir, "garbage.pem", "-----BEGIN CERTIFICATE-----\n!!!\n");
-    let no_key = certs::write(&dir, "nokey.pem", &leaf.cert_pem);
-    let other_key = certs::write(&dir, "other.key", &ca.server(false).key_pem);
+    let garbage = crate::certs::write(&dir, "garbage.pem", "-----BEGIN CERTIFICATE-----\n!!!\n");
+    let no_key = crate::certs::write(&dir, "nokey.pem", &leaf.cert_pem);
+    let other_key = crate::certs::write(&dir, "other.key", &ca.server(false).key_pem);
     let cases: [(&Path, &Path, &str); 4] = [
         (&missing, &key, "No such file"),
         (&garbage, &key, "not valid PEM"),
@@ -100,10 +95,13 @@ fn bad_tls_files_stop_the_start_naming_the_file() {
 #[test]
 fn tls_allows_a_network_listen_and_sighup_reloads_the_certificate() {
     let dir = temp_dir("serve-tls-reload");
-    let (old_ca, new_ca) = (certs::Ca::new("old CA"), certs::Ca::new("new CA"));
+    let (old_ca, new_ca) = (
+        crate::certs::Ca::new("old CA"),
+        crate::certs::Ca::new("new CA"),
+    );
     let leaf = old_ca.server(false);
-    let cert = certs::write(&dir, "s.pem", &leaf.cert_pem);
-    let key = certs::write(&dir, "s.key", &leaf.key_pem);
+    let cert = crate::certs::write(&dir, "s.pem", &leaf.cert_pem);
+    let key = crate::certs::write(&dir, "s.key", &leaf.key_pem);
     // 0.0.0.0 is not loopback: allowed without --insecure-network because TLS is on.
     let srv = serve_with(
         &[

@@ -4,14 +4,12 @@
 //! apt, the Python ones into a venv under target/); the scenarios live in
 //! `tests/clients/scenarios.py`. TLS, SASL and ACLs are in `kafka_security.rs`.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::clients::{
+use crate::common::clients::{
     clients_dir, kcat_consume, kcat_produce, librdkafka_suite, one_at_a_time, python, scenario,
     scenario_quiet, tmp, Server,
 };

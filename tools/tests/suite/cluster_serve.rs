@@ -7,16 +7,14 @@
 //! bookkeeping, then a purge) every few entries, never past what every node holds; a node
 //! restarts from its snapshot. docs/cluster.md "Running a cluster", "Snapshots and compaction".
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::clients::{clients_dir, kcat, one_at_a_time, python, tmp, Server};
-use common::{metric, nvmq, try_scrape};
+use crate::common::clients::{clients_dir, kcat, one_at_a_time, python, tmp, Server};
+use crate::common::{metric, nvmq, try_scrape};
 
 const TOPIC: &str = "replicated";
 const PATIENCE: Duration = Duration::from_secs(60);

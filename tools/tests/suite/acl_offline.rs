@@ -3,12 +3,10 @@
 //! removal lifts them, `list` shows what is there, and bad flags are refused naming the flag
 //! without touching the device.
 
-mod common;
-
 use std::time::Duration;
 
-use common::kafka::{auto_create, connect, produce};
-use common::*;
+use crate::common::kafka::{auto_create, connect, produce};
+use crate::common::*;
 
 /// TOPIC_AUTHORIZATION_FAILED.
 const TOPIC_DENIED: i16 = 29;

@@ -1,8 +1,6 @@
 //! `nvmq format`, `inspect` and `verify`, run as a user runs them.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use nvmq_log::batch::BatchBuilder;
 use nvmq_log::format::{BatchKind, RecordKind, LOG_START, SUPERBLOCK_B};
 

@@ -1,8 +1,6 @@
 //! `nvmq check-storage`, run as a user runs it.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 #[test]
 fn a_directory_is_measured_on_a_temporary_file_that_is_removed() {
