@@ -427,7 +427,7 @@ async fn start_replicated(
         }
         // Encoded straight from the request's bytes: the batch is copied once, into the entry.
         let entry = command::encode_produce(topic, partition, info.span(), bytes);
-        match replica.submit_encoded(entry).await {
+        match replica.submit_encoded(entry) {
             Ok(answer) => waits.push(Wait::Replicated(Box::pin(answer))),
             Err(WriteError::NotLeader { leader }) => {
                 return Some((

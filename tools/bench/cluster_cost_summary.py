@@ -1,24 +1,34 @@
 #!/usr/bin/env python3
 """cluster_cost_summary.py <cluster-cost.jsonl>: medians over the rounds of cluster_cost.sh, and
 what the 3-node cluster costs against one broker as ratios taken within each round (then their
-median), as markdown."""
+median), as markdown. With UNMERGED=1 rounds, a second table sets the cluster against one that
+writes every command as an entry of its own."""
 import sys
 
 from bench_rounds import closed, load, med
 
 rounds = load(sys.argv[1])
-
-
 rs = list(rounds.values())
+
+
+def table(base, other, base_name, other_name):
+    """One row per scenario: `other` against `base`, ratios taken within each round."""
+    print(f"| scenario | {base_name} acks/s | {other_name} acks/s | acks ratio "
+          f"| {base_name} p50 / p99 us | {other_name} p50 / p99 us | p99 ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for n in (1, 64):
+        b = [closed(r[base], n) for r in rs]
+        o = [closed(r[other], n) for r in rs]
+        acks = med([y[0] / x[0] for x, y in zip(b, o)])
+        p99 = med([y[2] / x[2] for x, y in zip(b, o)])
+        print(f"| closed:{n} | {med([x[0] for x in b]):,.0f} | {med([y[0] for y in o]):,.0f} "
+              f"| {acks:.2f}x | {med([x[1] for x in b]):,.0f} / {med([x[2] for x in b]):,.0f} "
+              f"| {med([y[1] for y in o]):,.0f} / {med([y[2] for y in o]):,.0f} | {p99:.2f}x |")
+
+
 print(f"{len(rs)} rounds; medians, and cluster / single as the median of each round's ratio\n")
-print("| scenario | single acks/s | cluster acks/s | acks ratio | single p50 / p99 us "
-      "| cluster p50 / p99 us | p99 ratio |")
-print("|---|---|---|---|---|---|---|")
-for n in (1, 64):
-    single = [closed(r["single"], n) for r in rs]
-    cluster = [closed(r["cluster"], n) for r in rs]
-    acks = med([c[0] / s[0] for s, c in zip(single, cluster)])
-    p99 = med([c[2] / s[2] for s, c in zip(single, cluster)])
-    print(f"| closed:{n} | {med([s[0] for s in single]):,.0f} | {med([c[0] for c in cluster]):,.0f} "
-          f"| {acks:.2f}x | {med([s[1] for s in single]):,.0f} / {med([s[2] for s in single]):,.0f} "
-          f"| {med([c[1] for c in cluster]):,.0f} / {med([c[2] for c in cluster]):,.0f} | {p99:.2f}x |")
+table("single", "cluster", "single", "cluster")
+if all("cluster-unmerged" in r for r in rs):
+    print("\nmerged commands (the default) against one entry per command "
+          "(--raft-merge-commands 1), as the median of each round's ratio\n")
+    table("cluster-unmerged", "cluster", "unmerged", "merged")

@@ -42,6 +42,7 @@ pub fn parse(
     peers: &[String],
     insecure_network: bool,
     compact_every: u64,
+    merge_commands: usize,
 ) -> Result<Option<ClusterOptions>> {
     let Some(node_id) = node_id else {
         if peers.is_empty() {
@@ -63,6 +64,9 @@ pub fn parse(
         // Each compaction point is an entry itself: a floor that must move by 1 moves at every
         // point written, and an idle cluster would write one every tick.
         bail!("--raft-compact-entries 1: give 0 (never purge) or at least 2");
+    }
+    if merge_commands == 0 {
+        bail!("--raft-merge-commands 0: give at least 1 (1: every command is an entry of its own)");
     }
     if members.len() < 3 {
         bail!(
@@ -91,6 +95,7 @@ pub fn parse(
         node_id,
         members,
         compact_every,
+        merge_commands,
     }))
 }
 
@@ -107,14 +112,17 @@ mod tests {
 
     #[test]
     fn a_cluster_of_three_on_loopback_parses() {
-        let c = parse(Some(2), &peers(THREE), false, 4096)
+        let c = parse(Some(2), &peers(THREE), false, 4096, 1024)
             .expect("parse")
             .expect("a cluster");
         assert_eq!(c.node_id, 2);
         assert_eq!(c.members.len(), 3);
         assert_eq!(c.members[&3].kafka, "127.0.0.1:9094");
         assert_eq!(c.members[&3].internal, "127.0.0.1:9194");
-        assert_eq!(parse(None, &[], false, 4096).expect("no cluster"), None);
+        assert_eq!(
+            parse(None, &[], false, 4096, 1024).expect("no cluster"),
+            None
+        );
     }
 
     #[test]
@@ -156,13 +164,13 @@ mod tests {
             ),
         ];
         for (id, p, want) in cases {
-            let e = parse(*id, &peers(p), false, 4096).expect_err(p);
+            let e = parse(*id, &peers(p), false, 4096, 1024).expect_err(p);
             let e = format!("{e:#}");
             assert!(e.contains(want), "{p}: {e:?} lacks {want:?}");
         }
-        let e = parse(Some(2), &peers(THREE), false, 1).expect_err("compacting every entry");
+        let e = parse(Some(2), &peers(THREE), false, 1, 1024).expect_err("compacting every entry");
         assert!(format!("{e:#}").contains("at least 2"), "{e:#}");
         let open = "1=a:1/127.0.0.1:2,2=a:1/127.0.0.1:3,3=a:1/10.1.2.3:4";
-        assert!(parse(Some(1), &peers(open), true, 4096).is_ok());
+        assert!(parse(Some(1), &peers(open), true, 4096, 1024).is_ok());
     }
 }

@@ -67,6 +67,24 @@ pub fn render(out: &mut String, st: &QuorumStatus) {
             "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{g}}} {v}"
         );
     }
+    let proposed = [
+        (
+            "nvmq_raft_proposed_entries_total",
+            "Entries this node wrote through the group as its leader, since it started.",
+            st.proposed_entries,
+        ),
+        (
+            "nvmq_raft_proposed_commands_total",
+            "Commands (record batches, topics) those entries carried: several an entry when producers send faster than one entry replicates.",
+            st.proposed_commands,
+        ),
+    ];
+    for (name, help, v) in proposed {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{g}}} {v}"
+        );
+    }
     if st.voters.is_empty() {
         return;
     }
@@ -139,6 +157,8 @@ mod tests {
             snapshot: Some(30),
             purged: Some(20),
             entries_held: Some(20),
+            proposed_entries: 12,
+            proposed_commands: 50,
             voters: vec![
                 voter(1, Some(40), 0, true),
                 voter(2, Some(38), 20, true),
@@ -155,6 +175,8 @@ mod tests {
             "nvmq_raft_snapshot_index{group=\"1\"} 30",
             "nvmq_raft_purged_index{group=\"1\"} 20",
             "nvmq_raft_log_entries{group=\"1\"} 20",
+            "nvmq_raft_proposed_entries_total{group=\"1\"} 12",
+            "nvmq_raft_proposed_commands_total{group=\"1\"} 50",
             "nvmq_raft_voter_matched_index{group=\"1\",voter=\"2\"} 38",
             "nvmq_raft_voter_matched_index{group=\"1\",voter=\"3\"} -1",
             "nvmq_raft_voter_bytes_behind{group=\"1\",voter=\"3\"} 300",
@@ -180,6 +202,8 @@ mod tests {
             snapshot: None,
             purged: None,
             entries_held: None,
+            proposed_entries: 0,
+            proposed_commands: 0,
             voters: Vec::new(),
         };
         let mut out = String::new();

@@ -143,6 +143,12 @@ pub struct ServeArgs {
     /// never purge.
     #[arg(long, default_value_t = frontend::replica::COMPACT_EVERY)]
     pub raft_compact_entries: u64,
+    /// In a cluster: the most commands (a Produce's record batch, a topic) the leader writes
+    /// as one Raft entry. Those that arrive while earlier entries are being replicated wait
+    /// and go together, without a timer (docs/cluster.md "Group commit at the group's door").
+    /// 1: every command is an entry of its own.
+    #[arg(long, default_value_t = frontend::replica::MERGE_COMMANDS)]
+    pub raft_merge_commands: usize,
     /// Benchmark ceiling: answer Produce (decoded and checked as always) without touching the
     /// log, so nothing is stored. Shows what the request/response path alone allows; for
     /// `kafka-bench` comparisons only.
@@ -281,6 +287,7 @@ pub fn run(args: ServeArgs) -> Result<Status> {
         &args.peers,
         args.insecure_network,
         args.raft_compact_entries,
+        args.raft_merge_commands,
     )?;
     if cluster.is_some() && args.ceiling {
         bail!("--ceiling answers without the log: it cannot run as a node of a cluster");

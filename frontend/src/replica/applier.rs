@@ -147,6 +147,43 @@ impl BrokerApplier {
             )),
         }
     }
+
+    /// Applies one command of entry `index` (a `Many` is taken apart by `apply`).
+    async fn apply_one(&self, b: &Broker, index: u64, command: Command) -> Result<Answer, String> {
+        Ok(match command {
+            Command::Produce {
+                topic,
+                partition,
+                span,
+                batch,
+            } => {
+                self.produce(b, index, topic, partition, span, batch)
+                    .await?
+            }
+            Command::CreateTopic {
+                name,
+                partitions,
+                configs,
+            } => {
+                let configs = TopicConfigs {
+                    set: configs.into_iter().collect(),
+                };
+                match b.create_topic_here(&name, partitions, configs).await {
+                    Ok(created) => Answer::Created { created },
+                    Err(e) => return Err(format!("creating topic {name}: {e}")),
+                }
+            }
+            Command::Compact { upto } => {
+                self.compact_to.fetch_max(upto, Ordering::Relaxed);
+                Answer::Noted
+            }
+            Command::Many(_) => {
+                return Err(format!(
+                    "entry {index} holds a Many inside a Many, which no node writes"
+                ))
+            }
+        })
+    }
 }
 
 impl Applier for BrokerApplier {
@@ -163,32 +200,14 @@ impl Applier for BrokerApplier {
                 return Err(format!("a replicated batch was not stored: {why}"));
             }
             let answer = match Command::decode(data).map_err(|e| e.to_string())? {
-                Command::Produce {
-                    topic,
-                    partition,
-                    span,
-                    batch,
-                } => {
-                    self.produce(&b, index, topic, partition, span, batch)
-                        .await?
-                }
-                Command::CreateTopic {
-                    name,
-                    partitions,
-                    configs,
-                } => {
-                    let configs = TopicConfigs {
-                        set: configs.into_iter().collect(),
-                    };
-                    match b.create_topic_here(&name, partitions, configs).await {
-                        Ok(created) => Answer::Created { created },
-                        Err(e) => return Err(format!("creating topic {name}: {e}")),
+                Command::Many(commands) => {
+                    let mut answers = Vec::with_capacity(commands.len());
+                    for c in commands {
+                        answers.push(self.apply_one(&b, index, c).await?);
                     }
+                    Answer::Many(answers)
                 }
-                Command::Compact { upto } => {
-                    self.compact_to.fetch_max(upto, Ordering::Relaxed);
-                    Answer::Noted
-                }
+                c => self.apply_one(&b, index, c).await?,
             };
             Ok(answer.encode())
         })

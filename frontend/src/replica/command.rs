@@ -26,6 +26,9 @@ pub enum Command {
     /// purge them once a snapshot of its own covers them (`compact`), and no voter, whichever
     /// leads later, will need them again.
     Compact { upto: u64 },
+    /// Commands written as one entry (`propose`: those that arrived while earlier entries were
+    /// in flight), applied in order as if each were an entry of its own. Never nested.
+    Many(Vec<Command>),
 }
 
 /// What applying a command answered (to the node that wrote it).
@@ -39,6 +42,8 @@ pub enum Answer {
     Refused { code: i16, why: String },
     /// Taken note of (a `Compact`).
     Noted,
+    /// A `Many`'s answers, one per command, in order.
+    Many(Vec<Answer>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +99,32 @@ pub fn encode_produce(topic: &str, partition: u32, span: u32, batch: &[u8]) -> V
     })
 }
 
+/// Postcard's variant index of `Command::Many`.
+const MANY: u32 = 3;
+
+/// Appends `n` as postcard writes a length or a variant index (LEB128: 7 bits a byte, low
+/// first).
+fn varint(out: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        out.push((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// The bytes of `Command::Many` of commands already encoded: a sequence is its length, then
+/// each element's own bytes, so the commands are not decoded to be written as one.
+pub fn encode_many<B: AsRef<[u8]>>(commands: &[B]) -> Vec<u8> {
+    let len = commands.iter().map(|c| c.as_ref().len()).sum::<usize>();
+    let mut out = Vec::with_capacity(len + 16);
+    varint(&mut out, u64::from(MANY));
+    varint(&mut out, commands.len() as u64);
+    for c in commands {
+        out.extend_from_slice(c.as_ref());
+    }
+    out
+}
+
 impl Command {
     pub fn encode(&self) -> Vec<u8> {
         encode(self)
@@ -139,6 +170,14 @@ mod tests {
         long.push(0);
         let e = Command::decode(&long).expect_err("a byte after the end");
         assert!(e.to_string().contains("1 bytes after its end"), "{e}");
+        let many = Command::Many(vec![c.clone(), k.clone()]);
+        assert_eq!(encode_many(&[c.encode(), k.encode()]), many.encode());
+        assert_eq!(Command::decode(&many.encode()).expect("decode"), many);
+        // 200 commands: the count takes two bytes.
+        let lots = Command::Many(vec![k.clone(); 200]);
+        assert_eq!(encode_many(&vec![k.encode(); 200]), lots.encode());
+        let answers = Answer::Many(vec![Answer::Produced { base: 7 }, Answer::Noted]);
+        assert_eq!(Answer::decode(&answers.encode()).expect("decode"), answers);
         let e = Command::decode(&[9, 9]).expect_err("an unknown variant");
         assert!(
             e.to_string().contains("a replicated command of 2 bytes"),

@@ -14,6 +14,7 @@ mod applier;
 pub mod command;
 mod compact;
 pub mod forward;
+mod propose;
 pub mod quorum;
 mod settle;
 mod start;
@@ -24,10 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use nvmq_cluster::net::{GroupRaft, Node};
 use nvmq_cluster::openraft::async_runtime::WatchReceiver;
-use nvmq_cluster::openraft::errors::ClientWriteError;
-use nvmq_cluster::openraft::impls::ProgressResponder;
 use nvmq_cluster::openraft::ServerState;
-use nvmq_cluster::Request;
 
 pub use command::{Answer, Command};
 pub use quorum::{QuorumStatus, VoterStatus};
@@ -80,10 +78,15 @@ pub struct ClusterOptions {
     /// Entries the group's log keeps past what every voter holds before the nodes snapshot and
     /// purge (0: never purge, the log grows without bound).
     pub compact_every: u64,
+    /// The most commands the leader writes as one entry (`propose`); 1: each its own.
+    pub merge_commands: usize,
 }
 
 /// The default of `ClusterOptions::compact_every`.
 pub const COMPACT_EVERY: u64 = 4096;
+
+/// The default of `ClusterOptions::merge_commands`.
+pub const MERGE_COMMANDS: usize = 1024;
 
 /// A node's two addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +125,8 @@ pub struct Replica {
     raft: GroupRaft,
     /// Where each voter stands (on the leader).
     quorum: Arc<quorum::Quorum>,
+    /// The queue that merges commands into entries.
+    proposer: propose::Proposer,
     /// The transport; taken at stop.
     node: Mutex<Option<Node>>,
     /// The runtime the group and the transport run on; taken at stop.
@@ -172,7 +177,12 @@ impl Replica {
 
     /// The group as this node sees it; the voters' figures only on the leader.
     pub fn quorum_status(&self) -> QuorumStatus {
-        self.quorum.status(self.opts.node_id, &self.raft)
+        let (entries, commands) = self.proposer.proposed();
+        QuorumStatus {
+            proposed_entries: entries,
+            proposed_commands: commands,
+            ..self.quorum.status(self.opts.node_id, &self.raft)
+        }
     }
 
     pub fn is_leader(&self) -> bool {
@@ -187,50 +197,39 @@ impl Replica {
         (m.state == ServerState::Leader).then_some(m.current_term)
     }
 
-    /// Queues `cmd` in the group's log now (so that commands submitted one after another are
-    /// applied in that order) and returns what waits for its answer: the command applied on
-    /// this node, after a majority had it durable.
-    pub async fn submit(
+    /// Queues `cmd` for the group's log now (so that commands submitted one after another are
+    /// applied in that order; `propose` may write several as one entry) and returns what waits
+    /// for its answer: the command applied on this node, after a majority had it durable.
+    pub fn submit(
         &self,
         cmd: &Command,
     ) -> Result<impl Future<Output = Result<Answer, WriteError>> + Send + 'static, WriteError> {
-        self.submit_encoded(cmd.encode()).await
+        self.submit_encoded(cmd.encode())
     }
 
     /// `submit` of a command already encoded (`command::encode_produce`).
-    pub async fn submit_encoded(
+    pub fn submit_encoded(
         &self,
-        entry: Vec<u8>,
+        command: Vec<u8>,
     ) -> Result<impl Future<Output = Result<Answer, WriteError>> + Send + 'static, WriteError> {
         if !self.is_leader() {
             return Err(WriteError::NotLeader {
                 leader: self.view().leader,
             });
         }
-        let (responder, rx) = ProgressResponder::complete_only();
-        self.raft
-            .client_write_ff(Request::from(entry), Some(responder))
-            .await
-            .map_err(|e| WriteError::Failed(e.to_string()))?;
+        let answer = self.proposer.submit(command);
         Ok(async move {
-            match rx.await {
-                Ok(Ok(r)) => {
-                    Answer::decode(&r.data.answer).map_err(|e| WriteError::Failed(e.to_string()))
-                }
-                Ok(Err(ClientWriteError::ForwardToLeader(f))) => Err(WriteError::NotLeader {
-                    leader: f.leader_id,
-                }),
-                Ok(Err(e)) => Err(WriteError::Failed(e.to_string())),
-                Err(_) => Err(WriteError::Failed(
+            answer.await.unwrap_or_else(|_| {
+                Err(WriteError::Failed(
                     "the group stopped before answering".into(),
-                )),
-            }
+                ))
+            })
         })
     }
 
     /// Submits `cmd` and waits for its answer.
     pub async fn write(&self, cmd: &Command) -> Result<Answer, WriteError> {
-        self.submit(cmd).await?.await
+        self.submit(cmd)?.await
     }
 
     /// Stops the transport and the group (their runtime ends in the background: the caller may

@@ -114,6 +114,10 @@ pub struct QuorumStatus {
     pub purged: Option<u64>,
     /// The entries this node's log holds (in memory too), None when its store stopped.
     pub entries_held: Option<u64>,
+    /// The entries this node wrote through the group since it started (as leader), and the
+    /// commands they carried (`propose`: several per entry under load).
+    pub proposed_entries: u64,
+    pub proposed_commands: u64,
     pub voters: Vec<VoterStatus>,
 }
 
@@ -174,6 +178,8 @@ impl Quorum {
             snapshot: m.snapshot.map(|s| s.index),
             purged: m.purged.map(|p| p.index),
             entries_held: self.log.entries_held().ok(),
+            proposed_entries: 0,
+            proposed_commands: 0,
             voters: Vec::new(),
         };
         let (Some(replication), true) = (&m.replication, is_leader) else {

@@ -9,6 +9,7 @@ use nvmq_cluster::openraft::{BasicNode, Config, Raft, SnapshotPolicy};
 
 use super::applier::BrokerApplier;
 use super::compact::Compactor;
+use super::propose::Proposer;
 use super::quorum::Quorum;
 use super::{ClusterOptions, Replica, GROUP};
 use crate::broker::Broker;
@@ -65,7 +66,8 @@ pub fn start(broker: &Arc<Broker>, opts: &ClusterOptions) -> Result<Arc<Replica>
     let quarter_ring = (log.geometry().log_size / 4).max(1);
     let applier = Arc::new(BrokerApplier::new(Arc::downgrade(broker)));
     let compact_to = applier.compact_to();
-    let (node, raft, quorum) = runtime.block_on(async {
+    let max_payload = log.max_payload();
+    let (node, raft, quorum, proposer) = runtime.block_on(async {
         let node = Node::start(id, internal, me.kafka.clone())
             .await
             .map_err(|e| cluster_err(format!("node {id}: {e}")))?;
@@ -118,7 +120,10 @@ pub fn start(broker: &Arc<Broker>, opts: &ClusterOptions) -> Result<Arc<Replica>
                 tracing::info!(node = id, outcome = %e, "raft group initialized elsewhere");
             }
         }
-        Ok::<_, FrontendError>((node, raft, quorum))
+        // Half the log's largest record for the commands merged into one entry: the rest is
+        // room for the entry's own header.
+        let proposer = Proposer::start(raft.clone(), opts.merge_commands, max_payload / 2);
+        Ok::<_, FrontendError>((node, raft, quorum, proposer))
     })?;
     tracing::info!(node = id, internal = %node.addr(), members = opts.members.len(),
         "joined the cluster");
@@ -126,6 +131,7 @@ pub fn start(broker: &Arc<Broker>, opts: &ClusterOptions) -> Result<Arc<Replica>
         opts: opts.clone(),
         raft,
         quorum,
+        proposer,
         node: Mutex::new(Some(node)),
         runtime: Mutex::new(Some(runtime)),
     }))

@@ -345,14 +345,28 @@ fn acknowledged_records_survive_the_leader_killed_and_the_node_comes_back_holdin
     let mut c = Cluster::start("cluster-serve");
     let first = c.leader();
 
-    // 300 records acknowledged by a majority with every node up, in batches of at most 20
-    // (so in at least 15 entries).
-    let mut p = produce_with(&c.bootstrap(), &records(0..300), &["batch.num.messages=20"]);
+    // 300 records acknowledged by a majority with every node up, in requests of at most 5
+    // records with up to 20 in flight: the leader merges the requests that arrive while
+    // earlier entries replicate into one entry, and the records stay in the order sent (no
+    // request fails here, so librdkafka retries none).
+    let mut p = produce_with(
+        &c.bootstrap(),
+        &records(0..300),
+        &["batch.num.messages=5", "max.in.flight=20"],
+    );
     assert!(
         p.wait().expect("kcat").success(),
         "producing to the cluster failed"
     );
     check(&c.read_all(), 300);
+    let entries = c.raft(first, "proposed_entries_total").unwrap_or(0.0);
+    let commands = c.raft(first, "proposed_commands_total").unwrap_or(0.0);
+    println!("the leader wrote {commands} commands in {entries} entries");
+    assert!(
+        commands >= 60.0 && entries < commands,
+        "300 records in requests of at most 5 are at least 60 commands, some merged: \
+         {commands} commands in {entries} entries"
+    );
     // Each node snapshotted and purged what all three hold.
     let purged = c.compacted(&[1, 2, 3], 0.0);
     println!("after 300 records, purged through {purged:?}");
