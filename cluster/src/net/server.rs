@@ -1,7 +1,8 @@
 //! The node's internal listener: reads frames from peers, hands each request to its group's
 //! Raft, and answers on the same connection as each answer is ready (out of order; the request
 //! id pairs them). A frame it cannot take closes the connection after a `Refused` frame that
-//! says why.
+//! says why; a request for a group this node does not run (yet) is answered `RemoteFatal`,
+//! keeping the connection.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -186,14 +187,19 @@ impl Conn {
                 expected: "a request",
             }));
         }
-        let raft = self
-            .registry
-            .get(group)
-            .ok_or(fault(NetError::UnknownGroup {
+        let Some(raft) = self.registry.get(group) else {
+            // Answered, not fatal to the connection: nodes start their groups at different
+            // moments, and closing would cut every other group's traffic with the peer too.
+            // The caller sees its group unreachable here and tries again later.
+            let why = NetError::UnknownGroup {
                 peer: self.peer,
                 id,
                 group,
-            }))?;
+            };
+            return self
+                .send(id, group, &Message::RemoteFatal(why.to_string()))
+                .await;
+        };
         let msg = match msg {
             Message::SnapshotChunk(chunk) => match self.take_chunk(group, chunk).map_err(fault)? {
                 Some(done) => done,

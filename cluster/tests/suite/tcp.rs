@@ -338,9 +338,6 @@ async fn a_bad_frame_closes_only_its_own_connection() -> Result<(), String> {
         });
         wire::encode(1, 0, &h).map_err(|e| e.to_string())
     };
-    let mut unknown_group = hello(22)?;
-    unknown_group
-        .extend(wire::encode(2, 99, &Message::Vote(vote_request())).map_err(|e| e.to_string())?);
     let mut reply_as_request = hello(22)?;
     reply_as_request.extend(wire::encode(2, GROUP, &Message::ChunkAck).map_err(|e| e.to_string())?);
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
@@ -361,11 +358,6 @@ async fn a_bad_frame_closes_only_its_own_connection() -> Result<(), String> {
             "unknown kind",
         ),
         ("wrong node", hello(23)?, "this is node 22"),
-        (
-            "unknown group",
-            unknown_group,
-            "group 99, which this node does not run",
-        ),
         (
             "reply sent as a request",
             reply_as_request,
@@ -404,6 +396,71 @@ async fn a_bad_frame_closes_only_its_own_connection() -> Result<(), String> {
     }
     // The nodes' own connections were not touched: the cluster still commits.
     cluster.commits_then_stop(5).await
+}
+
+/// Nodes start their groups at different moments: a request for a group the node does not run
+/// (yet) is answered `RemoteFatal` naming it (the caller's Raft sees the peer unreachable for
+/// that group and tries again later), and the connection goes on serving the groups it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_for_a_group_not_running_is_answered_and_the_connection_stays(
+) -> Result<(), String> {
+    let cluster = start(&[24, 25, 26], &[], Config::default()).await?;
+    let addr = cluster.members[&25].node.addr();
+    let frame = |id, group, m: &Message| wire::encode(id, group, m).map_err(|e| e.to_string());
+    let hello = Message::Hello(Hello {
+        version: VERSION,
+        from: 9,
+        to: 25,
+    });
+    let mut bytes = frame(1, 0, &hello)?;
+    bytes.extend(frame(2, 99, &Message::Vote(vote_request()))?);
+    bytes.extend(frame(3, GROUP, &Message::Vote(vote_request()))?);
+    let mut sock = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    sock.write_all(&bytes).await.map_err(|e| e.to_string())?;
+    // The hello's ack and both answers (in either order: answers go as they are ready).
+    let mut answer = Vec::new();
+    let mut frames = Vec::new();
+    let until = Instant::now() + PATIENCE;
+    while frames.len() < 3 {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout_at(until.into(), sock.read(&mut buf))
+            .await
+            .map_err(|_| format!("{} answers after {PATIENCE:?}: {frames:?}", frames.len()))?
+            .map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err(format!("the connection closed after {frames:?}"));
+        }
+        answer.extend_from_slice(&buf[..n]);
+        while let Some((f, used)) = wire::decode(&answer).map_err(|e| e.to_string())? {
+            frames.push((f.id, f.message().map_err(|e| e.to_string())?));
+            answer.drain(..used);
+        }
+    }
+    let unknown = frames
+        .iter()
+        .find(|(id, _)| *id == 2)
+        .ok_or(format!("no answer to the request for group 99: {frames:?}"))?;
+    match &unknown.1 {
+        Message::RemoteFatal(why) if why.contains("group 99, which this node does not run") => {
+            println!("group 99: {why}")
+        }
+        other => return Err(format!("group 99 answered {other:?}")),
+    }
+    if !frames
+        .iter()
+        .any(|(id, m)| *id == 3 && matches!(m, Message::VoteReply(_)))
+    {
+        return Err(format!("the group it runs did not answer: {frames:?}"));
+    }
+    // Still open: no end of stream, no refusal.
+    let mut buf = [0u8; 64];
+    match tokio::time::timeout(Duration::from_millis(300), sock.read(&mut buf)).await {
+        Err(_) => {}
+        Ok(r) => return Err(format!("the connection did not stay open: read {r:?}")),
+    }
+    cluster.commits_then_stop(3).await
 }
 
 /// Waits until `pred` holds for node `id`'s metrics.
