@@ -55,9 +55,15 @@ pub struct DecodeError {
 }
 
 fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    encode_into(v, Vec::new())
+}
+
+/// `encode` into `out` (sized by the caller, so that a batch is not copied again as the
+/// buffer grows).
+fn encode_into<T: Serialize>(v: &T, out: Vec<u8>) -> Vec<u8> {
     // postcard fails only for types it cannot represent (none here) or a full buffer (a Vec
     // grows); an empty entry would then fail to decode loudly on every node.
-    postcard::to_allocvec(v).unwrap_or_default()
+    postcard::to_extend(v, out).unwrap_or_default()
 }
 
 fn decode<'a, T: Deserialize<'a>>(what: &'static str, bytes: &'a [u8]) -> Result<T, DecodeError> {
@@ -91,12 +97,17 @@ enum ProduceRef<'a> {
 
 /// The bytes of `Command::Produce { topic, partition, span, batch }`.
 pub fn encode_produce(topic: &str, partition: u32, span: u32, batch: &[u8]) -> Vec<u8> {
-    encode(&ProduceRef::Produce {
-        topic,
-        partition,
-        span,
-        batch,
-    })
+    // The variant, three lengths and two integers take at most 25 bytes.
+    let size = topic.len() + batch.len() + 25;
+    encode_into(
+        &ProduceRef::Produce {
+            topic,
+            partition,
+            span,
+            batch,
+        },
+        Vec::with_capacity(size),
+    )
 }
 
 /// Postcard's variant index of `Command::Many`.

@@ -54,11 +54,19 @@ impl Settle {
     }
 
     fn finish(&self, dev: u16, failure: Option<String>) {
-        self.counts.send_modify(|c| match failure {
-            None => c.per_dev.entry(dev).or_default().1 += 1,
-            Some(why) => {
-                c.failed.get_or_insert(why);
+        // Waking costs a lock per notify shard, and this runs for every replicated batch: only
+        // a snapshot waiting (`until`, which holds a receiver) needs it. One that subscribes
+        // after this check reads the count changed here before it waits (`wait_for` looks at
+        // the current value first, under the lock this holds).
+        let counts = &self.counts;
+        counts.send_if_modified(|c| {
+            match failure {
+                None => c.per_dev.entry(dev).or_default().1 += 1,
+                Some(why) => {
+                    c.failed.get_or_insert(why);
+                }
             }
+            counts.receiver_count() > 0
         });
     }
 
