@@ -70,12 +70,12 @@ pub fn render(out: &mut String, st: &QuorumStatus) {
     let proposed = [
         (
             "nvmq_raft_proposed_entries_total",
-            "Entries this node wrote through the group as its leader, since it started.",
+            "Entries this node submitted to the group as its leader, since it started.",
             st.proposed_entries,
         ),
         (
             "nvmq_raft_proposed_commands_total",
-            "Commands (record batches, topics) those entries carried: several an entry when producers send faster than one entry replicates.",
+            "Commands (record batches, topics) those entries carried: several an entry when producers send faster than entries replicate.",
             st.proposed_commands,
         ),
     ];

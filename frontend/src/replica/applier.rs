@@ -203,6 +203,11 @@ impl Applier for BrokerApplier {
                 Command::Many(commands) => {
                     let mut answers = Vec::with_capacity(commands.len());
                     for c in commands {
+                        // As between entries: a batch that was not stored stops the group
+                        // before anything later in the entry is applied.
+                        if let Some(why) = self.settle.failed() {
+                            return Err(format!("a replicated batch was not stored: {why}"));
+                        }
                         answers.push(self.apply_one(&b, index, c).await?);
                     }
                     Answer::Many(answers)

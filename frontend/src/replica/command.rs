@@ -97,8 +97,8 @@ enum ProduceRef<'a> {
 
 /// The bytes of `Command::Produce { topic, partition, span, batch }`.
 pub fn encode_produce(topic: &str, partition: u32, span: u32, batch: &[u8]) -> Vec<u8> {
-    // The variant, three lengths and two integers take at most 25 bytes.
-    let size = topic.len() + batch.len() + 25;
+    // As varints: the variant and two u32s at most 5 bytes each, two lengths at most 10.
+    let size = topic.len() + batch.len() + 35;
     encode_into(
         &ProduceRef::Produce {
             topic,

@@ -114,7 +114,7 @@ pub struct QuorumStatus {
     pub purged: Option<u64>,
     /// The entries this node's log holds (in memory too), None when its store stopped.
     pub entries_held: Option<u64>,
-    /// The entries this node wrote through the group since it started (as leader), and the
+    /// The entries this node submitted to the group since it started (as leader), and the
     /// commands they carried (`propose`: several per entry under load).
     pub proposed_entries: u64,
     pub proposed_commands: u64,
