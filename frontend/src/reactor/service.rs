@@ -115,14 +115,25 @@ impl LoopCtx {
         let (device, partition) = (part.device(), part.id);
         let bytes = payload.len();
         self.budget_used.set(self.budget_used.get() + bytes);
-        self.server.outstanding.fetch_add(1, Ordering::Relaxed);
+        // Counted before `stopping` is read, both sequentially consistent, while
+        // `Server::shutdown` sets `stopping` before it reads the count: either this append sees
+        // the stop and is refused, or the shutdown waits for it. None lands after the final
+        // producer snapshot (a request whose checks were still running when the count was read
+        // would otherwise be appended after it, and replayed at the next start).
+        self.server.outstanding.fetch_add(1, Ordering::SeqCst);
+        let stopping = self.server.stopping.load(Ordering::SeqCst);
         let owner = self.server.device_loop.get(device).copied().unwrap_or(0);
-        if owner == self.id {
+        if owner == self.id || stopping {
             let token = self.routes.borrow_mut().insert(Route {
                 answer,
                 producer,
                 bytes,
             }) as u64;
+            if stopping {
+                self.refuse(device, token);
+                self.kick.notify_one();
+                return;
+            }
             // An idle device gets the append at once (a lone producer waits for no pass); one
             // already busy collects appends for its next batch, group commit as usual. The acks
             // such a turn produces wait for the service's pass (the request's slot is not in its
