@@ -150,6 +150,11 @@ impl BrokerApplier {
 
     /// Applies one command of entry `index` (a `Many` is taken apart by `apply`).
     async fn apply_one(&self, b: &Broker, index: u64, command: Command) -> Result<Answer, String> {
+        // A batch of an earlier command was not stored: this node's partitions no longer follow
+        // the group, and the group stops here rather than at the next snapshot.
+        if let Some(why) = self.settle.failed() {
+            return Err(format!("a replicated batch was not stored: {why}"));
+        }
         Ok(match command {
             Command::Produce {
                 topic,
@@ -194,20 +199,10 @@ impl Applier for BrokerApplier {
     ) -> Pin<Box<dyn Future<Output = ApplyResult> + Send + 'a>> {
         Box::pin(async move {
             let b = self.broker.upgrade().ok_or("the broker stopped")?;
-            // A batch of an earlier entry was not stored: this node's partitions no longer follow
-            // the group, and the group stops here rather than at the next snapshot.
-            if let Some(why) = self.settle.failed() {
-                return Err(format!("a replicated batch was not stored: {why}"));
-            }
             let answer = match Command::decode(data).map_err(|e| e.to_string())? {
                 Command::Many(commands) => {
                     let mut answers = Vec::with_capacity(commands.len());
                     for c in commands {
-                        // As between entries: a batch that was not stored stops the group
-                        // before anything later in the entry is applied.
-                        if let Some(why) = self.settle.failed() {
-                            return Err(format!("a replicated batch was not stored: {why}"));
-                        }
                         answers.push(self.apply_one(&b, index, c).await?);
                     }
                     Answer::Many(answers)

@@ -113,23 +113,12 @@ pub fn encode_produce(topic: &str, partition: u32, span: u32, batch: &[u8]) -> V
 /// Postcard's variant index of `Command::Many`.
 const MANY: u32 = 3;
 
-/// Appends `n` as postcard writes a length or a variant index (LEB128: 7 bits a byte, low
-/// first).
-fn varint(out: &mut Vec<u8>, mut n: u64) {
-    while n >= 0x80 {
-        out.push((n as u8 & 0x7f) | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
-}
-
-/// The bytes of `Command::Many` of commands already encoded: a sequence is its length, then
-/// each element's own bytes, so the commands are not decoded to be written as one.
+/// The bytes of `Command::Many` of commands already encoded: a variant index and a sequence's
+/// length are varints in postcard, as the same two integers in a tuple are, and the sequence's
+/// elements follow as their own bytes, so the commands are not decoded to be written as one.
 pub fn encode_many<B: AsRef<[u8]>>(commands: &[B]) -> Vec<u8> {
     let len = commands.iter().map(|c| c.as_ref().len()).sum::<usize>();
-    let mut out = Vec::with_capacity(len + 16);
-    varint(&mut out, u64::from(MANY));
-    varint(&mut out, commands.len() as u64);
+    let mut out = encode_into(&(MANY, commands.len()), Vec::with_capacity(len + 16));
     for c in commands {
         out.extend_from_slice(c.as_ref());
     }
